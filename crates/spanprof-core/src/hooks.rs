@@ -1,0 +1,192 @@
+//! tokio runtime integration: sampler registration for every runtime thread and,
+//! with `--cfg tokio_unstable`, label inheritance by spawned tasks.
+//!
+//! A task spawned while labels are active captures them at spawn (`on_task_spawn`
+//! runs on the spawning thread), pushes them around every one of its polls
+//! (`on_before_task_poll` / `on_after_task_poll`, on whichever worker polls it) and
+//! releases them at `on_task_terminate`. The task-to-labels table is a fixed-size,
+//! lock-free open-addressing table indexed by task id, so the poll hooks take no
+//! lock and allocate nothing; when it is full a new task runs unlabelled and the
+//! overflow is counted ([`inheritance_stats`]).
+//!
+//! `spawn_blocking` gets no task hooks from tokio; use [`crate::spawn_blocking`],
+//! which captures the labels and pushes them around the closure.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Installs spanprof on a tokio runtime builder: every worker and blocking thread
+/// registers for sampling when it starts and deregisters when it stops, and (with
+/// `--cfg tokio_unstable`) spawned tasks inherit the labels active at spawn.
+///
+/// This sets the builder's `on_thread_start` / `on_thread_stop` callbacks (and the
+/// task hooks), replacing any set before; call [`on_thread_start`] /
+/// [`on_thread_stop`] from your own callbacks to combine them.
+///
+/// ```
+/// let mut builder = tokio::runtime::Builder::new_multi_thread();
+/// spanprof_core::install_runtime_hooks(&mut builder);
+/// let rt = builder.worker_threads(2).enable_all().build().unwrap();
+/// rt.block_on(async {});
+/// ```
+pub fn install_runtime_hooks(
+    builder: &mut tokio::runtime::Builder,
+) -> &mut tokio::runtime::Builder {
+    builder.on_thread_start(on_thread_start);
+    builder.on_thread_stop(on_thread_stop);
+    #[cfg(tokio_unstable)]
+    {
+        builder.on_task_spawn(task_table::on_spawn);
+        builder.on_before_task_poll(task_table::on_before_poll);
+        builder.on_after_task_poll(task_table::on_after_poll);
+        builder.on_task_terminate(task_table::on_terminate);
+    }
+    builder
+}
+
+/// What [`install_runtime_hooks`] runs when a runtime thread starts.
+pub fn on_thread_start() {
+    crate::register_current_thread();
+}
+
+/// What [`install_runtime_hooks`] runs when a runtime thread stops.
+pub fn on_thread_stop() {
+    crate::deregister_current_thread();
+}
+
+/// Whether this build carries labels into spawned tasks (`--cfg tokio_unstable`).
+pub const TASK_INHERITANCE: bool = cfg!(tokio_unstable);
+
+/// Counters of label inheritance by spawned tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InheritanceStats {
+    /// Tasks that captured labels at spawn.
+    pub inherited: u64,
+    /// Labelled tasks alive now.
+    pub live: u64,
+    /// Tasks that should have inherited labels but found the table full.
+    pub overflowed: u64,
+}
+
+static INHERITED: AtomicU64 = AtomicU64::new(0);
+static LIVE: AtomicU64 = AtomicU64::new(0);
+static OVERFLOWED: AtomicU64 = AtomicU64::new(0);
+
+/// Label inheritance counters.
+pub fn inheritance_stats() -> InheritanceStats {
+    InheritanceStats {
+        inherited: INHERITED.load(Ordering::Relaxed),
+        live: LIVE.load(Ordering::Relaxed),
+        overflowed: OVERFLOWED.load(Ordering::Relaxed),
+    }
+}
+
+#[cfg(tokio_unstable)]
+mod task_table {
+    use std::hash::{Hash, Hasher};
+    use std::ptr;
+    use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+
+    use super::{INHERITED, LIVE, OVERFLOWED};
+    use crate::labels::LabelRecord;
+    use crate::sys::slot;
+
+    /// Slots in the table: the most labelled tasks alive at once (16 bytes each).
+    const SLOTS: usize = 1 << 15;
+    const PROBES: usize = 8;
+
+    struct Entry {
+        key: AtomicU64,
+        record: AtomicPtr<LabelRecord>,
+    }
+
+    #[allow(clippy::declare_interior_mutable_const)]
+    const EMPTY: Entry = Entry {
+        key: AtomicU64::new(0),
+        record: AtomicPtr::new(ptr::null_mut()),
+    };
+    static TABLE: [Entry; SLOTS] = [EMPTY; SLOTS];
+
+    /// tokio's task id as the `u64` its `Hash` impl writes.
+    fn key(id: tokio::task::Id) -> u64 {
+        struct Capture(u64);
+        impl Hasher for Capture {
+            fn finish(&self) -> u64 {
+                self.0
+            }
+            fn write(&mut self, bytes: &[u8]) {
+                for b in bytes {
+                    self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+                }
+            }
+            fn write_u64(&mut self, v: u64) {
+                self.0 ^= v;
+            }
+        }
+        let mut h = Capture(0);
+        id.hash(&mut h);
+        h.0.max(1)
+    }
+
+    fn slots(key: u64) -> impl Iterator<Item = &'static Entry> {
+        let start = key as usize;
+        (0..PROBES).map(move |i| &TABLE[(start.wrapping_add(i)) % SLOTS])
+    }
+
+    pub(super) fn on_spawn(meta: &tokio::runtime::TaskMeta<'_>) {
+        let record = slot::retain_current_raw();
+        if record.is_null() {
+            return;
+        }
+        let k = key(meta.id());
+        for e in slots(k) {
+            if e.key
+                .compare_exchange(0, k, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                e.record.store(record.cast_mut(), Ordering::Release);
+                LIVE.fetch_add(1, Ordering::Relaxed);
+                INHERITED.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+        OVERFLOWED.fetch_add(1, Ordering::Relaxed);
+        slot::release_raw(record);
+    }
+
+    fn find(k: u64) -> Option<&'static Entry> {
+        slots(k).find(|e| e.key.load(Ordering::Acquire) == k)
+    }
+
+    pub(super) fn on_before_poll(meta: &tokio::runtime::TaskMeta<'_>) {
+        let record = if LIVE.load(Ordering::Relaxed) == 0 {
+            ptr::null()
+        } else {
+            find(key(meta.id())).map_or(ptr::null(), |e| {
+                e.record.load(Ordering::Acquire).cast_const()
+            })
+        };
+        if slot::hook_push(record) {
+            crate::sampler::on_hot_push();
+        }
+        if !record.is_null() {
+            crate::sampler::ensure_thread_registered();
+        }
+    }
+
+    pub(super) fn on_after_poll(_meta: &tokio::runtime::TaskMeta<'_>) {
+        slot::hook_pop();
+    }
+
+    pub(super) fn on_terminate(meta: &tokio::runtime::TaskMeta<'_>) {
+        if LIVE.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let k = key(meta.id());
+        if let Some(e) = find(k) {
+            let record = e.record.swap(ptr::null_mut(), Ordering::AcqRel);
+            e.key.store(0, Ordering::Release);
+            LIVE.fetch_sub(1, Ordering::Relaxed);
+            slot::release_raw(record);
+        }
+    }
+}

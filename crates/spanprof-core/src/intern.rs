@@ -1,0 +1,138 @@
+//! A bounded, process-wide string interner for span names and routes.
+//!
+//! Samples carry 32-bit ids instead of strings, so the signal handler copies
+//! integers only. Interning happens when labels are built (off the poll path).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, RwLock};
+
+/// Default bound on distinct interned strings.
+pub const DEFAULT_MAX_NAMES: usize = 4096;
+/// Longest string kept; longer ones are cut at a character boundary.
+pub const MAX_NAME_LEN: usize = 128;
+/// What every name past the bound reads as.
+pub const OVERFLOW_NAME: &str = "(other)";
+
+/// An interned string id. 0 is the empty string, 1 is [`OVERFLOW_NAME`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NameId(pub(crate) u32);
+
+impl NameId {
+    pub(crate) const NONE: NameId = NameId(0);
+    pub(crate) const OVERFLOW: NameId = NameId(1);
+}
+
+struct Interner {
+    ids: HashMap<Arc<str>, NameId>,
+    names: Vec<Arc<str>>,
+}
+
+static INTERNER: LazyLock<RwLock<Interner>> = LazyLock::new(|| {
+    let empty: Arc<str> = Arc::from("");
+    let other: Arc<str> = Arc::from(OVERFLOW_NAME);
+    let mut ids = HashMap::new();
+    ids.insert(empty.clone(), NameId::NONE);
+    ids.insert(other.clone(), NameId::OVERFLOW);
+    RwLock::new(Interner {
+        ids,
+        names: vec![empty, other],
+    })
+});
+static MAX_NAMES: AtomicUsize = AtomicUsize::new(DEFAULT_MAX_NAMES);
+static OVERFLOWED: AtomicU64 = AtomicU64::new(0);
+
+/// Counters of the name interner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InternStats {
+    /// Distinct strings held.
+    pub names: usize,
+    /// The bound.
+    pub max_names: usize,
+    /// Interning requests that got [`OVERFLOW_NAME`] because the bound was reached.
+    pub overflowed: u64,
+}
+
+/// The interner's counters.
+pub fn intern_stats() -> InternStats {
+    let g = INTERNER.read().unwrap_or_else(|e| e.into_inner());
+    InternStats {
+        names: g.names.len(),
+        max_names: MAX_NAMES.load(Ordering::Relaxed),
+        overflowed: OVERFLOWED.load(Ordering::Relaxed),
+    }
+}
+
+/// Sets the bound on distinct names (at least 2). Names already held stay.
+pub fn set_max_names(max: usize) {
+    MAX_NAMES.store(max.max(2), Ordering::Relaxed);
+}
+
+fn truncate(s: &str) -> &str {
+    if s.len() <= MAX_NAME_LEN {
+        return s;
+    }
+    let mut end = MAX_NAME_LEN;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+pub(crate) fn intern(s: &str) -> NameId {
+    let s = truncate(s);
+    if let Some(id) = INTERNER
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .ids
+        .get(s)
+    {
+        return *id;
+    }
+    let mut g = INTERNER.write().unwrap_or_else(|e| e.into_inner());
+    if let Some(id) = g.ids.get(s) {
+        return *id;
+    }
+    if g.names.len() >= MAX_NAMES.load(Ordering::Relaxed) {
+        OVERFLOWED.fetch_add(1, Ordering::Relaxed);
+        return NameId::OVERFLOW;
+    }
+    let id = NameId(g.names.len() as u32);
+    let arc: Arc<str> = Arc::from(s);
+    g.names.push(arc.clone());
+    g.ids.insert(arc, id);
+    id
+}
+
+pub(crate) fn resolve(id: NameId) -> Arc<str> {
+    let g = INTERNER.read().unwrap_or_else(|e| e.into_inner());
+    g.names
+        .get(id.0 as usize)
+        .cloned()
+        .unwrap_or_else(|| g.names[1].clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interns_and_resolves() {
+        let a = intern("GET /cart/{id}");
+        assert_eq!(intern("GET /cart/{id}"), a);
+        assert_eq!(&*resolve(a), "GET /cart/{id}");
+        assert_eq!(&*resolve(NameId::NONE), "");
+        let long = "x".repeat(1000);
+        assert_eq!(resolve(intern(&long)).len(), MAX_NAME_LEN);
+    }
+}
+
+/// The id of `s` if it was interned before (never inserts).
+pub(crate) fn lookup(s: &str) -> Option<NameId> {
+    INTERNER
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .ids
+        .get(truncate(s))
+        .copied()
+}

@@ -1,0 +1,242 @@
+//! Span labels: the identity of the work being polled, as written into every sample.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+
+use crate::intern::{self, NameId};
+use crate::profile::Hotness;
+
+/// The record a label slot points at. Immutable but for the atomics, so a signal
+/// handler that reads it through the slot's pointer never sees a torn value.
+#[derive(Debug)]
+pub(crate) struct LabelRecord {
+    pub(crate) trace_id: u128,
+    pub(crate) span_id: u64,
+    pub(crate) parent_span_id: u64,
+    pub(crate) root_span_id: u64,
+    pub(crate) span_name: NameId,
+    pub(crate) route: NameId,
+    /// A [`Hotness`] as a byte: may be raised while the work runs (slow promotion).
+    pub(crate) hot: AtomicU8,
+    /// Samples taken while this record was in a slot (updated by the signal handler).
+    pub(crate) cpu_samples: AtomicU64,
+    /// The weighted CPU estimate of those samples, in nanoseconds.
+    pub(crate) cpu_ns: AtomicU64,
+}
+
+/// The labels of one span: trace id, span id, local-root span id, span name, route
+/// and whether the work is *hot* (profiled at the high rate).
+///
+/// Cloning is cheap (one reference count). Push them around a poll with
+/// [`SpanLabels::enter`], wrap a future with [`crate::WithSpanLabels::with_span_labels`],
+/// or let the tokio hooks carry them into spawned tasks.
+///
+/// ```
+/// use spanprof_core::SpanLabels;
+/// let labels = SpanLabels::builder()
+///     .trace_id(0x4bf92f3577b34da6a3ce929d0e0e4736)
+///     .span_id(0x00f067aa0ba902b7)
+///     .span_name("POST /checkout")
+///     .route("/checkout")
+///     .build();
+/// assert_eq!(labels.span_id_hex(), "00f067aa0ba902b7");
+/// ```
+#[derive(Clone)]
+pub struct SpanLabels {
+    pub(crate) record: Arc<LabelRecord>,
+}
+
+impl SpanLabels {
+    /// Starts building labels.
+    pub fn builder() -> SpanLabelsBuilder {
+        SpanLabelsBuilder::default()
+    }
+
+    /// The 128-bit trace id (0 when the work has no trace).
+    pub fn trace_id(&self) -> u128 {
+        self.record.trace_id
+    }
+
+    /// The 64-bit span id.
+    pub fn span_id(&self) -> u64 {
+        self.record.span_id
+    }
+
+    /// The parent span id (0 for a root).
+    pub fn parent_span_id(&self) -> u64 {
+        self.record.parent_span_id
+    }
+
+    /// The local-root span id.
+    pub fn root_span_id(&self) -> u64 {
+        self.record.root_span_id
+    }
+
+    /// The span id as 16 lowercase hex digits (the `pyroscope.profile.id` form).
+    pub fn span_id_hex(&self) -> String {
+        format!("{:016x}", self.record.span_id)
+    }
+
+    /// The trace id as 32 lowercase hex digits.
+    pub fn trace_id_hex(&self) -> String {
+        format!("{:032x}", self.record.trace_id)
+    }
+
+    /// The span name.
+    pub fn span_name(&self) -> Arc<str> {
+        intern::resolve(self.record.span_name)
+    }
+
+    /// The route template (empty when unknown).
+    pub fn route(&self) -> Arc<str> {
+        intern::resolve(self.record.route)
+    }
+
+    /// Whether, and why, the work is profiled at the high rate.
+    pub fn hotness(&self) -> Hotness {
+        Hotness::from_u8(self.record.hot.load(Ordering::Relaxed))
+    }
+
+    /// Raises the work to the high rate from now on (for example when it ran past its
+    /// slow threshold). Takes effect at the next poll on any thread and, for work stuck in
+    /// one long poll, at the next baseline sample of the thread running it. Never lowers.
+    pub fn promote(&self, why: Hotness) {
+        self.record.hot.fetch_max(why as u8, Ordering::Relaxed);
+    }
+
+    /// Samples taken so far while these labels were active (exact count).
+    pub fn cpu_samples(&self) -> u64 {
+        self.record.cpu_samples.load(Ordering::Relaxed)
+    }
+
+    /// Weighted CPU estimate of those samples, in nanoseconds.
+    pub fn cpu_ns(&self) -> u64 {
+        self.record.cpu_ns.load(Ordering::Relaxed)
+    }
+
+    /// Labels for a child span of this one: same trace and local root, new span id and
+    /// name, same route and hotness.
+    pub fn child(&self, span_id: u64, span_name: &str) -> SpanLabels {
+        SpanLabels::builder()
+            .trace_id(self.record.trace_id)
+            .span_id(span_id)
+            .parent_span_id(self.record.span_id)
+            .root_span_id(self.record.root_span_id)
+            .span_name(span_name)
+            .route_id(self.record.route)
+            .hot(self.hotness())
+            .build()
+    }
+
+    /// Pushes these labels into the current thread's slot until the guard drops.
+    ///
+    /// The guard restores whatever was there before, so pushes nest. It must be dropped
+    /// on the thread that made it (it is `!Send`).
+    #[inline]
+    pub fn enter(&self) -> crate::LabelGuard<'_> {
+        crate::slot::push(self)
+    }
+
+    /// Whether two handles point at the same label record.
+    pub fn ptr_eq(&self, other: &SpanLabels) -> bool {
+        Arc::ptr_eq(&self.record, &other.record)
+    }
+}
+
+impl fmt::Debug for SpanLabels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SpanLabels")
+            .field("trace_id", &format_args!("{:032x}", self.record.trace_id))
+            .field("span_id", &format_args!("{:016x}", self.record.span_id))
+            .field(
+                "root_span_id",
+                &format_args!("{:016x}", self.record.root_span_id),
+            )
+            .field("span_name", &self.span_name())
+            .field("route", &self.route())
+            .field("hot", &self.hotness())
+            .finish()
+    }
+}
+
+/// Builds [`SpanLabels`]. Unset ids are 0; an unset root span id is the span id
+/// (the span is its own local root).
+#[derive(Debug, Default, Clone)]
+pub struct SpanLabelsBuilder {
+    trace_id: u128,
+    span_id: u64,
+    parent_span_id: u64,
+    root_span_id: Option<u64>,
+    span_name: Option<NameId>,
+    route: Option<NameId>,
+    hot: Hotness,
+}
+
+impl SpanLabelsBuilder {
+    /// Sets the 128-bit trace id.
+    pub fn trace_id(mut self, id: u128) -> Self {
+        self.trace_id = id;
+        self
+    }
+
+    /// Sets the 64-bit span id.
+    pub fn span_id(mut self, id: u64) -> Self {
+        self.span_id = id;
+        self
+    }
+
+    /// Sets the parent span id (0 for none).
+    pub fn parent_span_id(mut self, id: u64) -> Self {
+        self.parent_span_id = id;
+        self
+    }
+
+    /// Sets the local-root span id. Defaults to the span id.
+    pub fn root_span_id(mut self, id: u64) -> Self {
+        self.root_span_id = Some(id);
+        self
+    }
+
+    /// Sets the span name. Interned: past the interner's bound every new name reads
+    /// as `"(other)"` and is counted in [`crate::intern_stats`].
+    pub fn span_name(mut self, name: &str) -> Self {
+        self.span_name = Some(intern::intern(name));
+        self
+    }
+
+    /// Sets the route template (for example `POST /checkout`), interned like the name.
+    /// Never pass a raw path: ids and query strings would blow the bound and leak data.
+    pub fn route(mut self, route: &str) -> Self {
+        self.route = Some(intern::intern(route));
+        self
+    }
+
+    pub(crate) fn route_id(mut self, route: NameId) -> Self {
+        self.route = Some(route);
+        self
+    }
+
+    /// Sets whether the work starts hot.
+    pub fn hot(mut self, hot: Hotness) -> Self {
+        self.hot = hot;
+        self
+    }
+
+    /// Builds the labels (one allocation).
+    pub fn build(self) -> SpanLabels {
+        SpanLabels {
+            record: Arc::new(LabelRecord {
+                trace_id: self.trace_id,
+                span_id: self.span_id,
+                parent_span_id: self.parent_span_id,
+                root_span_id: self.root_span_id.unwrap_or(self.span_id),
+                span_name: self.span_name.unwrap_or(NameId::NONE),
+                route: self.route.unwrap_or(NameId::NONE),
+                hot: AtomicU8::new(self.hot as u8),
+                cpu_samples: AtomicU64::new(0),
+                cpu_ns: AtomicU64::new(0),
+            }),
+        }
+    }
+}

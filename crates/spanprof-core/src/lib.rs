@@ -1,0 +1,49 @@
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
+
+mod collector;
+mod future;
+mod hooks;
+mod intern;
+mod labels;
+pub mod pprof;
+mod profile;
+mod sampler;
+mod slot;
+mod store;
+mod symbolize;
+mod sys;
+
+pub use future::{Labelled, WithSpanLabels, spawn_blocking};
+pub use hooks::{
+    InheritanceStats, TASK_INHERITANCE, inheritance_stats, install_runtime_hooks, on_thread_start,
+    on_thread_stop,
+};
+pub use intern::{
+    DEFAULT_MAX_NAMES, InternStats, MAX_NAME_LEN, OVERFLOW_NAME, intern_stats, set_max_names,
+};
+pub use labels::{SpanLabels, SpanLabelsBuilder};
+pub use profile::{Frame, FunctionCost, Hotness, Profile, ProfileSample, SampleLabels, Stack};
+pub use sampler::{
+    Capabilities, DEFAULT_BASELINE_HZ, DEFAULT_DRAIN_INTERVAL, DEFAULT_HIGH_HZ,
+    DEFAULT_RING_CAPACITY, MAX_HIGH_HZ, Mechanism, Profiler, ProfilerBuilder, ProfilerError,
+    SamplerStats, TIMER_MAX_HZ, ThreadRegistration, deregister_current_thread,
+    register_current_thread,
+};
+pub use slot::{LabelGuard, current_labels};
+pub use store::{
+    DEFAULT_BUCKET_WIDTH, DEFAULT_BUCKETS, DEFAULT_MAX_BYTES, DEFAULT_MAX_SPANS,
+    DEFAULT_MAX_STACKS, SpanProfileStore, SpanSummary, StoreConfig, StoreStats,
+};
+
+/// Whether the calling thread is inside spanprof's profiling signal handler right
+/// now. For tests: a counting global allocator uses it to prove the handler never
+/// allocates.
+#[doc(hidden)]
+pub fn in_signal_handler() -> bool {
+    sys::in_signal_handler()
+}
+
+/// The frame limit of one sample: deeper stacks are cut and marked
+/// `[truncated: stack deeper than the unwind limit]`.
+pub const MAX_FRAMES: usize = sys::MAX_FRAMES;

@@ -1,0 +1,219 @@
+//! The answer to a store query: aggregated samples with symbolized stacks and labels.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+/// One symbolized stack frame. Inlined functions are separate frames with
+/// [`Frame::inlined`] set, so a flamegraph shows them as the code reads.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Frame {
+    /// Demangled function name, without the trailing `::h<hash>`.
+    pub function: Arc<str>,
+    /// Source file, when debug info has it.
+    pub file: Option<Arc<str>>,
+    /// Source line, or 0 when unknown.
+    pub line: u32,
+    /// The instruction address this frame was resolved from (the same for every
+    /// inlined frame of one physical frame).
+    pub address: u64,
+    /// Whether this frame was inlined into its caller.
+    pub inlined: bool,
+}
+
+/// A symbolized call stack, leaf (innermost) frame first.
+pub type Stack = Arc<[Frame]>;
+
+/// The span identity carried by a sample, resolved to strings.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SampleLabels {
+    /// 128-bit OpenTelemetry trace id (0 when the work had no trace).
+    pub trace_id: u128,
+    /// 64-bit span id whose labels were active when the sample was taken.
+    pub span_id: u64,
+    /// The parent of `span_id` (0 for a local root).
+    pub parent_span_id: u64,
+    /// The local-root span id of the work (equal to `span_id` for a root).
+    pub root_span_id: u64,
+    /// Span name (interned, bounded).
+    pub span_name: Arc<str>,
+    /// Route template such as `POST /checkout` (interned, bounded); empty when unknown.
+    pub route: Arc<str>,
+    /// Why the work was profiled at the high rate when this sample was taken.
+    pub hot: Hotness,
+}
+
+impl SampleLabels {
+    /// `span_id` as 16 lowercase hex digits, the form Pyroscope parses.
+    pub fn span_id_hex(&self) -> String {
+        format!("{:016x}", self.span_id)
+    }
+
+    /// `trace_id` as 32 lowercase hex digits, the form Pyroscope parses.
+    pub fn trace_id_hex(&self) -> String {
+        format!("{:032x}", self.trace_id)
+    }
+}
+
+/// Whether, and why, work is profiled at the high rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u8)]
+pub enum Hotness {
+    /// Baseline rate only.
+    #[default]
+    Cold = 0,
+    /// Picked by sampling (trace flag and route rate, or explicitly).
+    Sampled = 1,
+    /// Promoted because it ran past its slow threshold.
+    Slow = 2,
+}
+
+impl Hotness {
+    /// Decodes the byte stored in a label record; unknown values read as `Cold`.
+    pub fn from_u8(v: u8) -> Self {
+        match v {
+            1 => Hotness::Sampled,
+            2 => Hotness::Slow,
+            _ => Hotness::Cold,
+        }
+    }
+
+    /// `"sampled"`, `"slow"`, or `None` for cold work.
+    pub fn as_str(self) -> Option<&'static str> {
+        match self {
+            Hotness::Cold => None,
+            Hotness::Sampled => Some("sampled"),
+            Hotness::Slow => Some("slow"),
+        }
+    }
+}
+
+/// Aggregated samples of one (labels, stack) pair.
+#[derive(Debug, Clone)]
+pub struct ProfileSample {
+    /// The stack, leaf first.
+    pub stack: Stack,
+    /// The labels, or `None` for samples taken outside any labelled work.
+    pub labels: Option<Arc<SampleLabels>>,
+    /// Number of samples.
+    pub count: u64,
+    /// Estimated CPU time: each sample weighted by the period it was taken at.
+    pub cpu_ns: u64,
+}
+
+/// A CPU profile: the answer to a [`crate::SpanProfileStore`] query.
+#[derive(Debug, Clone)]
+pub struct Profile {
+    /// Aggregated samples.
+    pub samples: Vec<ProfileSample>,
+    /// Wall-clock start of the window this profile covers.
+    pub start: SystemTime,
+    /// Length of that window in nanoseconds.
+    pub duration_ns: u64,
+    /// The baseline sampling period in nanoseconds (pprof's `period`).
+    pub period_ns: u64,
+}
+
+/// One row of [`Profile::top_functions`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct FunctionCost {
+    /// Function name.
+    pub function: Arc<str>,
+    /// CPU time with this function as the leaf frame.
+    pub self_ns: u64,
+    /// CPU time with this function anywhere on the stack.
+    pub total_ns: u64,
+    /// Samples with this function anywhere on the stack.
+    pub samples: u64,
+}
+
+impl Profile {
+    /// An empty profile starting now.
+    pub fn empty(period_ns: u64) -> Self {
+        Profile {
+            samples: Vec::new(),
+            start: SystemTime::now(),
+            duration_ns: 0,
+            period_ns,
+        }
+    }
+
+    /// Total number of samples.
+    pub fn sample_count(&self) -> u64 {
+        self.samples.iter().map(|s| s.count).sum()
+    }
+
+    /// Total estimated CPU time in nanoseconds.
+    pub fn cpu_ns(&self) -> u64 {
+        self.samples.iter().map(|s| s.cpu_ns).sum()
+    }
+
+    /// Keeps only the samples for which `keep` returns true.
+    pub fn retain(&mut self, mut keep: impl FnMut(&ProfileSample) -> bool) {
+        self.samples.retain(|s| keep(s));
+    }
+
+    /// Functions ordered by self time (then total time), at most `n` of them.
+    pub fn top_functions(&self, n: usize) -> Vec<FunctionCost> {
+        let mut by_name: HashMap<Arc<str>, FunctionCost> = HashMap::new();
+        for s in &self.samples {
+            let mut seen: Vec<&Arc<str>> = Vec::with_capacity(s.stack.len());
+            for (i, f) in s.stack.iter().enumerate() {
+                let e = by_name
+                    .entry(f.function.clone())
+                    .or_insert_with(|| FunctionCost {
+                        function: f.function.clone(),
+                        self_ns: 0,
+                        total_ns: 0,
+                        samples: 0,
+                    });
+                if i == 0 {
+                    e.self_ns += s.cpu_ns;
+                }
+                if !seen.contains(&&f.function) {
+                    seen.push(&f.function);
+                    e.total_ns += s.cpu_ns;
+                    e.samples += s.count;
+                }
+            }
+        }
+        let mut v: Vec<FunctionCost> = by_name.into_values().collect();
+        v.sort_by(|a, b| {
+            b.self_ns
+                .cmp(&a.self_ns)
+                .then(b.total_ns.cmp(&a.total_ns))
+                .then(a.function.cmp(&b.function))
+        });
+        v.truncate(n);
+        v
+    }
+
+    /// CPU time of samples whose stack contains a function whose name contains `needle`.
+    pub fn cpu_ns_in(&self, needle: &str) -> u64 {
+        self.samples
+            .iter()
+            .filter(|s| s.stack.iter().any(|f| f.function.contains(needle)))
+            .map(|s| s.cpu_ns)
+            .sum()
+    }
+}
+
+impl fmt::Display for Profile {
+    /// Folded-stack text (`root;...;leaf <cpu_ns>`), one line per sample, as
+    /// `inferno` and `flamegraph.pl` read it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for s in &self.samples {
+            let mut first = true;
+            for fr in s.stack.iter().rev() {
+                if !first {
+                    f.write_str(";")?;
+                }
+                first = false;
+                f.write_str(&fr.function)?;
+            }
+            writeln!(f, " {}", s.cpu_ns)?;
+        }
+        Ok(())
+    }
+}

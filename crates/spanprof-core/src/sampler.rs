@@ -1,0 +1,614 @@
+//! The profiler: configuration, the registry of sampled threads, start and stop.
+
+use std::cell::Cell;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::collector::Collector;
+use crate::store::{SpanProfileStore, StoreConfig};
+use crate::sys;
+
+/// How a thread reaches its high sampling rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mechanism {
+    /// A per-thread `perf_event_open` software `cpu-clock` event (rates well above
+    /// the kernel tick).
+    PerfEvent,
+    /// The per-thread CPU timer re-armed at the high period (capped by the kernel tick).
+    Timer,
+    /// No profiling on this platform or configuration.
+    Unavailable,
+}
+
+impl Mechanism {
+    /// `"perf_event"`, `"timer"` or `"unavailable"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mechanism::PerfEvent => "perf_event",
+            Mechanism::Timer => "timer",
+            Mechanism::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// Default baseline sampling rate, per thread, in samples per CPU-second.
+pub const DEFAULT_BASELINE_HZ: u32 = 99;
+/// Default high sampling rate for hot work.
+pub const DEFAULT_HIGH_HZ: u32 = 1000;
+/// Highest high rate accepted.
+pub const MAX_HIGH_HZ: u32 = 10_000;
+/// Default capacity of each thread's sample ring.
+pub const DEFAULT_RING_CAPACITY: usize = 256;
+/// Default interval at which the collector drains the rings.
+pub const DEFAULT_DRAIN_INTERVAL: Duration = Duration::from_millis(20);
+/// Highest rate the per-thread CPU timer reaches here: it is driven by the
+/// kernel tick (`CONFIG_HZ`, 250 on the machines this was measured on).
+pub const TIMER_MAX_HZ: u32 = 250;
+
+/// Why the profiler could not start.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ProfilerError {
+    /// A configuration value is out of range; names the field.
+    InvalidConfig {
+        /// The field, as named by its builder method.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A profiler is already running in this process.
+    AlreadyRunning,
+    /// Profiling is not available on this platform.
+    Unsupported(&'static str),
+    /// A system call failed.
+    Io(std::io::Error),
+}
+
+impl fmt::Display for ProfilerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProfilerError::InvalidConfig { field, reason } => {
+                write!(f, "invalid profiler configuration: `{field}`: {reason}")
+            }
+            ProfilerError::AlreadyRunning => f.write_str("a spanprof profiler is already running"),
+            ProfilerError::Unsupported(why) => write!(f, "profiling unavailable: {why}"),
+            ProfilerError::Io(e) => write!(f, "profiler system call failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ProfilerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ProfilerError::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<std::io::Error> for ProfilerError {
+    fn from(e: std::io::Error) -> Self {
+        ProfilerError::Io(e)
+    }
+}
+
+/// Configures and starts a [`Profiler`]. Every setter documents its default.
+#[derive(Debug, Clone)]
+pub struct ProfilerBuilder {
+    baseline_hz: u32,
+    high_hz: u32,
+    ring_capacity: usize,
+    drain_interval: Duration,
+    use_perf_events: bool,
+    store: StoreConfig,
+}
+
+impl Default for ProfilerBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ProfilerBuilder {
+    /// A builder with the documented defaults.
+    pub fn new() -> Self {
+        ProfilerBuilder {
+            baseline_hz: DEFAULT_BASELINE_HZ,
+            high_hz: DEFAULT_HIGH_HZ,
+            ring_capacity: DEFAULT_RING_CAPACITY,
+            drain_interval: DEFAULT_DRAIN_INTERVAL,
+            use_perf_events: true,
+            store: StoreConfig::default(),
+        }
+    }
+
+    /// Samples per CPU-second of every registered thread. Defaults to
+    /// [`DEFAULT_BASELINE_HZ`] (99). Must be in 1..=1000.
+    pub fn baseline_hz(mut self, hz: u32) -> Self {
+        self.baseline_hz = hz;
+        self
+    }
+
+    /// Samples per CPU-second while hot work runs on a thread. Defaults to
+    /// [`DEFAULT_HIGH_HZ`] (1000). Must be at least the baseline and at most
+    /// [`MAX_HIGH_HZ`]. Without perf events the timer caps it near the kernel tick.
+    pub fn high_hz(mut self, hz: u32) -> Self {
+        self.high_hz = hz;
+        self
+    }
+
+    /// Samples each thread's ring holds between collector drains; when full, samples
+    /// are dropped and counted. Defaults to [`DEFAULT_RING_CAPACITY`] (256). At least 8.
+    pub fn ring_capacity(mut self, n: usize) -> Self {
+        self.ring_capacity = n;
+        self
+    }
+
+    /// How often the collector drains the rings. Defaults to
+    /// [`DEFAULT_DRAIN_INTERVAL`] (20 ms). Between 1 ms and 10 s.
+    pub fn drain_interval(mut self, d: Duration) -> Self {
+        self.drain_interval = d;
+        self
+    }
+
+    /// Whether to use per-thread perf events for the high rate. Defaults to `true`;
+    /// when the kernel refuses them the profiler falls back to the timer anyway.
+    pub fn use_perf_events(mut self, yes: bool) -> Self {
+        self.use_perf_events = yes;
+        self
+    }
+
+    /// Bounds of the span profile store. Defaults to [`StoreConfig::default`].
+    pub fn store(mut self, store: StoreConfig) -> Self {
+        self.store = store;
+        self
+    }
+
+    fn validate(&self) -> Result<(), ProfilerError> {
+        let bad = |field, reason: String| Err(ProfilerError::InvalidConfig { field, reason });
+        if !(1..=1000).contains(&self.baseline_hz) {
+            return bad(
+                "baseline_hz",
+                format!("{} is not in 1..=1000", self.baseline_hz),
+            );
+        }
+        if self.high_hz < self.baseline_hz {
+            return bad(
+                "high_hz",
+                format!("{} is below baseline_hz {}", self.high_hz, self.baseline_hz),
+            );
+        }
+        if self.high_hz > MAX_HIGH_HZ {
+            return bad(
+                "high_hz",
+                format!("{} is above {MAX_HIGH_HZ}", self.high_hz),
+            );
+        }
+        if self.ring_capacity < 8 {
+            return bad(
+                "ring_capacity",
+                format!("{} is below 8", self.ring_capacity),
+            );
+        }
+        if self.drain_interval < Duration::from_millis(1)
+            || self.drain_interval > Duration::from_secs(10)
+        {
+            return bad(
+                "drain_interval",
+                format!("{:?} is not between 1ms and 10s", self.drain_interval),
+            );
+        }
+        self.store.validate()
+    }
+
+    /// Starts the profiler: installs the signal handler, arms every registered
+    /// thread and starts the collector thread.
+    pub fn start(self) -> Result<Profiler, ProfilerError> {
+        self.validate()?;
+        let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+        if running.is_some() {
+            return Err(ProfilerError::AlreadyRunning);
+        }
+        let inner = start_platform(self)?;
+        *running = Some(inner.clone());
+        Ok(Profiler { inner })
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn start_platform(cfg: ProfilerBuilder) -> Result<Arc<ProfilerInner>, ProfilerError> {
+    let perf_ok = if cfg.use_perf_events {
+        match sys::probe_perf_events() {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "spanprof: perf events refused; the high rate falls back to the CPU timer (at most about {TIMER_MAX_HZ} Hz)"
+                );
+                false
+            }
+        }
+    } else {
+        false
+    };
+    let mechanism = if perf_ok {
+        Mechanism::PerfEvent
+    } else {
+        Mechanism::Timer
+    };
+    let max_high_hz = if perf_ok { MAX_HIGH_HZ } else { TIMER_MAX_HZ };
+    let effective_high_hz = cfg.high_hz.min(max_high_hz);
+    tracing::info!(
+        baseline_hz = cfg.baseline_hz,
+        high_hz = cfg.high_hz,
+        effective_high_hz,
+        mechanism = mechanism.as_str(),
+        "spanprof: profiler started"
+    );
+    let store = SpanProfileStore::new(
+        cfg.store.clone(),
+        1_000_000_000 / u64::from(cfg.baseline_hz),
+    );
+    let caps = Capabilities {
+        mechanism,
+        baseline_hz: cfg.baseline_hz,
+        high_hz: cfg.high_hz,
+        effective_high_hz,
+        max_high_hz,
+    };
+    sys::install_handler()?;
+    RING_CAPACITY.store(cfg.ring_capacity, Ordering::Relaxed);
+    let run = RunConfig {
+        baseline_ns: 1_000_000_000 / u64::from(cfg.baseline_hz),
+        high_ns: 1_000_000_000 / u64::from(cfg.high_hz),
+        use_perf: perf_ok,
+    };
+    {
+        let mut reg = registry();
+        reg.run = Some(run);
+        for t in reg
+            .threads
+            .iter()
+            .filter(|t| !t.retired.load(Ordering::Relaxed))
+        {
+            if let Err(e) = t.arm(run.baseline_ns, run.high_ns, run.use_perf) {
+                tracing::warn!(tid = t.tid, error = %e, "spanprof: could not arm a thread");
+            }
+        }
+    }
+    sys::set_enabled(true);
+    PROFILING.store(true, Ordering::Release);
+    let collector = Collector::start(store.clone(), cfg.drain_interval);
+    Ok(Arc::new(ProfilerInner {
+        caps,
+        store,
+        collector: Mutex::new(Some(collector)),
+    }))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn start_platform(_cfg: ProfilerBuilder) -> Result<Arc<ProfilerInner>, ProfilerError> {
+    tracing::warn!("spanprof: CPU profiling is only available on Linux; labels still work");
+    Err(ProfilerError::Unsupported(
+        "CPU profiling is only implemented on Linux",
+    ))
+}
+
+/// What the running profiler can do here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// How the high rate is reached.
+    pub mechanism: Mechanism,
+    /// Configured baseline rate.
+    pub baseline_hz: u32,
+    /// Configured high rate.
+    pub high_hz: u32,
+    /// The high rate actually achievable (`high_hz` capped by the mechanism).
+    pub effective_high_hz: u32,
+    /// The most the mechanism can deliver per thread.
+    pub max_high_hz: u32,
+}
+
+/// Counters of the sampler, summed over threads (including threads that ended).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SamplerStats {
+    /// Threads registered now.
+    pub threads: usize,
+    /// Samples written by the signal handler.
+    pub samples: u64,
+    /// Samples dropped because a thread's ring was full.
+    pub dropped_ring_full: u64,
+    /// Baseline ticks skipped because the high-rate event covered that time.
+    pub superseded: u64,
+    /// Samples whose stack was cut at the frame limit.
+    pub truncated: u64,
+    /// Failed perf event re-arms.
+    pub rearm_failed: u64,
+}
+
+pub(crate) struct ProfilerInner {
+    caps: Capabilities,
+    store: SpanProfileStore,
+    collector: Mutex<Option<Collector>>,
+}
+
+/// A running profiler. Cloning gives another handle to the same one; it runs until
+/// [`Profiler::stop`].
+#[derive(Clone)]
+pub struct Profiler {
+    inner: Arc<ProfilerInner>,
+}
+
+impl fmt::Debug for Profiler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Profiler")
+            .field("caps", &self.inner.caps)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Profiler {
+    /// A builder with the default configuration.
+    pub fn builder() -> ProfilerBuilder {
+        ProfilerBuilder::new()
+    }
+
+    /// The running profiler, if any.
+    pub fn current() -> Option<Profiler> {
+        RUNNING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .map(|inner| Profiler { inner })
+    }
+
+    /// The running profiler, or a new one with the default configuration.
+    pub fn current_or_start() -> Result<Profiler, ProfilerError> {
+        if let Some(p) = Profiler::current() {
+            return Ok(p);
+        }
+        match ProfilerBuilder::new().start() {
+            Err(ProfilerError::AlreadyRunning) => {
+                Profiler::current().ok_or(ProfilerError::AlreadyRunning)
+            }
+            other => other,
+        }
+    }
+
+    /// What this profiler can do here (mechanism and effective high rate).
+    pub fn capabilities(&self) -> Capabilities {
+        self.inner.caps
+    }
+
+    /// The store of aggregated, symbolized samples.
+    pub fn store(&self) -> &SpanProfileStore {
+        &self.inner.store
+    }
+
+    /// Drains every thread's ring into the store now and waits until done.
+    pub fn flush(&self) {
+        if let Some(c) = self
+            .inner
+            .collector
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            c.flush();
+        }
+    }
+
+    /// Sampler counters.
+    pub fn sampler_stats(&self) -> SamplerStats {
+        sampler_stats()
+    }
+
+    /// Stops sampling: disarms every thread, drains what is left into the store,
+    /// stops the collector and restores the previous `SIGPROF` action. The store
+    /// stays readable through this handle.
+    pub fn stop(&self) {
+        let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+        let is_current = running
+            .as_ref()
+            .is_some_and(|r| Arc::ptr_eq(r, &self.inner));
+        if !is_current {
+            return;
+        }
+        stop_platform();
+        if let Some(c) = self
+            .inner
+            .collector
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            c.stop();
+        }
+        *running = None;
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn stop_platform() {
+    PROFILING.store(false, Ordering::Release);
+    sys::set_enabled(false);
+    let mut reg = registry();
+    reg.run = None;
+    for t in &reg.threads {
+        t.disarm();
+    }
+    drop(reg);
+    sys::uninstall_handler();
+}
+
+#[cfg(not(target_os = "linux"))]
+fn stop_platform() {}
+
+// ---- thread registry -------------------------------------------------------
+
+#[derive(Debug, Clone, Copy)]
+struct RunConfig {
+    baseline_ns: u64,
+    high_ns: u64,
+    use_perf: bool,
+}
+
+#[derive(Default)]
+pub(crate) struct Registry {
+    run: Option<RunConfig>,
+    pub(crate) threads: Vec<Arc<sys::ThreadSampler>>,
+    /// Counters of threads already removed.
+    pub(crate) retired_stats: SamplerStats,
+}
+
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+    run: None,
+    threads: Vec::new(),
+    retired_stats: SamplerStats {
+        threads: 0,
+        samples: 0,
+        dropped_ring_full: 0,
+        superseded: 0,
+        truncated: 0,
+        rearm_failed: 0,
+    },
+});
+static RUNNING: Mutex<Option<Arc<ProfilerInner>>> = Mutex::new(None);
+/// Fast check for the poll path: is a profiler running?
+static PROFILING: AtomicBool = AtomicBool::new(false);
+
+pub(crate) fn registry() -> MutexGuard<'static, Registry> {
+    REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn sampler_stats() -> SamplerStats {
+    let reg = registry();
+    let mut s = reg.retired_stats;
+    s.threads = 0;
+    for t in &reg.threads {
+        if !t.retired.load(Ordering::Relaxed) {
+            s.threads += 1;
+        }
+        add_thread_stats(&mut s, t);
+    }
+    s
+}
+
+pub(crate) fn add_thread_stats(s: &mut SamplerStats, t: &sys::ThreadSampler) {
+    s.samples += t.samples.load(Ordering::Relaxed);
+    s.dropped_ring_full += t.ring.dropped_full();
+    s.superseded += t.superseded.load(Ordering::Relaxed);
+    s.truncated += t.truncated.load(Ordering::Relaxed);
+    s.rearm_failed += t.rearm_failed.load(Ordering::Relaxed);
+}
+
+/// Removes drained retired threads (called by the collector after draining).
+pub(crate) fn prune_retired(reg: &mut Registry) {
+    let mut i = 0;
+    while i < reg.threads.len() {
+        if reg.threads[i].retired.load(Ordering::Relaxed) {
+            let t = reg.threads.swap_remove(i);
+            let mut s = reg.retired_stats;
+            add_thread_stats(&mut s, &t);
+            reg.retired_stats = s;
+        } else {
+            i += 1;
+        }
+    }
+}
+
+// Registration state of this thread: 0 unknown, 1 registered, 2 opted out.
+thread_local! {
+    static REG_STATE: Cell<u8> = const { Cell::new(0) };
+    static REG_GUARD: std::cell::RefCell<Option<ThreadRegistration>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Keeps the calling thread registered for sampling; deregisters on drop.
+///
+/// Made by [`register_current_thread`]. The registration also ends, at the latest,
+/// when the thread exits.
+#[derive(Debug)]
+pub struct ThreadRegistration {
+    #[cfg(target_os = "linux")]
+    sampler: Arc<sys::ThreadSampler>,
+}
+
+/// Registers the calling thread for CPU sampling (idempotent) until it exits or
+/// [`deregister_current_thread`] is called. Threads registered before the profiler
+/// starts are armed when it starts. Returns whether this call registered it.
+///
+/// tokio runtimes built with [`crate::install_runtime_hooks`] call this on every
+/// worker and blocking thread; a thread that polls labelled work while a profiler is
+/// running registers itself on its first labelled poll.
+pub fn register_current_thread() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        if REG_STATE.with(|s| s.get()) == 1 {
+            return false;
+        }
+        let sampler = sys::ThreadSampler::for_current_thread(ring_capacity_hint());
+        sampler.attach_current();
+        {
+            let mut reg = registry();
+            if let Some(run) = reg.run {
+                if let Err(e) = sampler.arm(run.baseline_ns, run.high_ns, run.use_perf) {
+                    tracing::warn!(tid = sampler.tid, error = %e, "spanprof: could not arm thread");
+                }
+            }
+            reg.threads.push(sampler.clone());
+        }
+        REG_STATE.with(|s| s.set(1));
+        let _ = REG_GUARD.try_with(|g| *g.borrow_mut() = Some(ThreadRegistration { sampler }));
+        true
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        false
+    }
+}
+
+/// Stops sampling the calling thread and releases its timer and perf event. Its
+/// last samples are still collected.
+pub fn deregister_current_thread() {
+    let _ = REG_GUARD.try_with(|g| g.borrow_mut().take());
+    let _ = REG_STATE.try_with(|s| s.set(2));
+}
+
+impl Drop for ThreadRegistration {
+    fn drop(&mut self) {
+        #[cfg(target_os = "linux")]
+        {
+            sys::ThreadSampler::detach_current();
+            let mut reg = registry();
+            self.sampler.disarm();
+            self.sampler.retired.store(true, Ordering::Relaxed);
+            if reg.run.is_none() {
+                prune_retired(&mut reg);
+            }
+        }
+    }
+}
+
+static RING_CAPACITY: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(DEFAULT_RING_CAPACITY);
+
+fn ring_capacity_hint() -> usize {
+    RING_CAPACITY.load(Ordering::Relaxed)
+}
+
+/// On the poll path: registers a thread that polls labelled work while a profiler
+/// runs. One thread-local read when already decided.
+#[inline(always)]
+pub(crate) fn ensure_thread_registered() {
+    if REG_STATE.with(|s| s.get()) == 0 && PROFILING.load(Ordering::Relaxed) {
+        register_current_thread();
+    }
+}
+
+#[inline]
+pub(crate) fn on_hot_push() {
+    #[cfg(target_os = "linux")]
+    sys::on_hot_push();
+}

@@ -1,0 +1,53 @@
+//! The public face of the per-thread label slot.
+
+use std::marker::PhantomData;
+
+use crate::labels::{LabelRecord, SpanLabels};
+use crate::sys;
+
+/// Restores the previous labels of this thread's slot when dropped.
+///
+/// Returned by [`SpanLabels::enter`]. Not `Send`: it must drop on the thread that
+/// pushed, and guards must drop in reverse order of creation (as scopes do).
+#[must_use = "the labels are popped as soon as the guard drops"]
+pub struct LabelGuard<'a> {
+    prev: *const LabelRecord,
+    _labels: PhantomData<&'a SpanLabels>,
+}
+
+impl std::fmt::Debug for LabelGuard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LabelGuard").finish_non_exhaustive()
+    }
+}
+
+/// Pushes `labels` into this thread's slot. The hot path of every labelled poll:
+/// one thread-local load and store, plus one byte read to see if the work is hot.
+#[inline]
+pub(crate) fn push(labels: &SpanLabels) -> LabelGuard<'_> {
+    let rec: &LabelRecord = &labels.record;
+    let prev = sys::slot::replace(rec);
+    if rec.hot.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+        crate::sampler::on_hot_push();
+    }
+    crate::sampler::ensure_thread_registered();
+    LabelGuard {
+        prev,
+        _labels: PhantomData,
+    }
+}
+
+impl Drop for LabelGuard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        sys::slot::restore(self.prev);
+    }
+}
+
+/// The labels active on this thread right now, if any (a new handle to them).
+///
+/// This is how work handed to another thread keeps its labels: capture here,
+/// [`SpanLabels::enter`] there. [`crate::spawn_blocking`] does exactly that.
+pub fn current_labels() -> Option<SpanLabels> {
+    sys::slot::current()
+}

@@ -1,0 +1,206 @@
+//! Symbolization off the hot path: instruction addresses to demangled function
+//! names with inlined frames, source files and lines (blazesym), cached per address.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use blazesym::Pid;
+use blazesym::symbolize::source::{Process, Source};
+use blazesym::symbolize::{Input, Symbolized, Symbolizer};
+
+use crate::profile::Frame;
+
+/// Address standing for "the stack was cut here" (see `FLAG_TRUNCATED`).
+pub(crate) const TRUNCATED_ADDR: u64 = u64::MAX;
+/// Address standing for "stack table full" (see the store).
+pub(crate) const OVERFLOW_ADDR: u64 = u64::MAX - 1;
+const MAX_CACHED: usize = 200_000;
+
+pub(crate) struct AddressSymbolizer {
+    symbolizer: Symbolizer,
+    cache: HashMap<u64, Arc<[Frame]>>,
+    names: HashMap<String, Arc<str>>,
+}
+
+impl AddressSymbolizer {
+    pub(crate) fn new() -> Self {
+        AddressSymbolizer {
+            symbolizer: Symbolizer::builder()
+                .enable_inlined_fns(true)
+                .enable_code_info(true)
+                .enable_demangling(true)
+                .build(),
+            cache: HashMap::new(),
+            names: HashMap::new(),
+        }
+    }
+
+    /// The frames of a raw stack (leaf first). Return addresses (every frame but the
+    /// first) are looked up at `addr - 1`, inside the call instruction.
+    pub(crate) fn stack(&mut self, addrs: &[u64]) -> Arc<[Frame]> {
+        let lookups: Vec<u64> = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| lookup_addr(i, a))
+            .collect();
+        self.resolve_missing(&lookups);
+        let mut out = Vec::with_capacity(addrs.len() + 4);
+        for (&a, &l) in addrs.iter().zip(&lookups) {
+            if let Some(frames) = self.cache.get(&l) {
+                out.extend(frames.iter().map(|f| Frame {
+                    address: a,
+                    ..f.clone()
+                }));
+            }
+        }
+        out.into()
+    }
+
+    fn resolve_missing(&mut self, lookups: &[u64]) {
+        if self.cache.len() > MAX_CACHED {
+            self.cache.clear();
+        }
+        let mut missing: Vec<u64> = lookups
+            .iter()
+            .copied()
+            .filter(|a| !self.cache.contains_key(a) && *a != TRUNCATED_ADDR && *a != OVERFLOW_ADDR)
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        for special in [TRUNCATED_ADDR, OVERFLOW_ADDR] {
+            if lookups.contains(&special) && !self.cache.contains_key(&special) {
+                let name = if special == TRUNCATED_ADDR {
+                    "[truncated: stack deeper than the unwind limit]"
+                } else {
+                    "[dropped: stack table full]"
+                };
+                let f = synthetic(&mut self.names, name, special);
+                self.cache.insert(special, f);
+            }
+        }
+        if missing.is_empty() {
+            return;
+        }
+        let src = Source::Process(Process::new(Pid::Slf));
+        let results = self.symbolizer.symbolize(&src, Input::AbsAddr(&missing));
+        let names = &mut self.names;
+        let cache = &mut self.cache;
+        match results {
+            Ok(results) => {
+                for (addr, sym) in missing.iter().zip(results) {
+                    let frames = match sym {
+                        Symbolized::Sym(sym) => {
+                            // Innermost first: the deepest inlined callee, ..., then the
+                            // function that physically contains the address.
+                            let mut frames = Vec::with_capacity(1 + sym.inlined.len());
+                            let mut loc = sym.code_info.as_deref().map(|c| {
+                                (c.file.to_string_lossy().into_owned(), c.line.unwrap_or(0))
+                            });
+                            for inl in sym.inlined.iter().rev() {
+                                let (file, line) = loc.take().unwrap_or_default();
+                                frames.push(Frame {
+                                    function: name(names, &clean(&inl.name)),
+                                    file: (!file.is_empty()).then(|| name(names, &file)),
+                                    line,
+                                    address: *addr,
+                                    inlined: true,
+                                });
+                                loc = inl.code_info.as_ref().map(|c| {
+                                    (c.file.to_string_lossy().into_owned(), c.line.unwrap_or(0))
+                                });
+                            }
+                            let (file, line) = loc.unwrap_or_default();
+                            frames.push(Frame {
+                                function: name(names, &clean(&sym.name)),
+                                file: (!file.is_empty()).then(|| name(names, &file)),
+                                line,
+                                address: *addr,
+                                inlined: false,
+                            });
+                            frames.into()
+                        }
+                        Symbolized::Unknown(_) => synthetic(names, &format!("0x{addr:x}"), *addr),
+                    };
+                    cache.insert(*addr, frames);
+                }
+            }
+            Err(e) if missing.len() > 1 => {
+                // One bad address fails the whole batch: retry them one by one.
+                tracing::debug!(error = %e, "spanprof: batch symbolization failed; retrying singly");
+                for addr in missing {
+                    self.resolve_missing(&[addr]);
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "spanprof: symbolization failed");
+                for addr in missing {
+                    let f = synthetic(names, &format!("0x{addr:x}"), addr);
+                    cache.insert(addr, f);
+                }
+            }
+        }
+    }
+}
+
+fn name(names: &mut HashMap<String, Arc<str>>, s: &str) -> Arc<str> {
+    if let Some(a) = names.get(s) {
+        return a.clone();
+    }
+    let a: Arc<str> = Arc::from(s);
+    names.insert(s.to_owned(), a.clone());
+    a
+}
+
+fn synthetic(names: &mut HashMap<String, Arc<str>>, function: &str, addr: u64) -> Arc<[Frame]> {
+    Arc::from(vec![Frame {
+        function: name(names, function),
+        file: None,
+        line: 0,
+        address: addr,
+        inlined: false,
+    }])
+}
+
+fn lookup_addr(index: usize, addr: u64) -> u64 {
+    if index == 0 || addr >= OVERFLOW_ADDR {
+        addr
+    } else {
+        addr - 1
+    }
+}
+
+/// Strips a trailing Rust symbol hash (`::h0123456789abcdef`).
+fn clean(name: &str) -> String {
+    if let Some(pos) = name.rfind("::h") {
+        let hash = &name[pos + 3..];
+        if hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return name[..pos].to_owned();
+        }
+    }
+    name.to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[inline(never)]
+    fn marker_function_for_symbolizer() -> u64 {
+        std::hint::black_box(42)
+    }
+
+    #[test]
+    fn resolves_own_function() {
+        let addr = marker_function_for_symbolizer as *const () as u64;
+        let mut s = AddressSymbolizer::new();
+        let frames = s.stack(&[addr]);
+        assert!(
+            frames
+                .iter()
+                .any(|f| f.function.contains("marker_function_for_symbolizer")),
+            "{frames:?}"
+        );
+        assert_eq!(clean("a::b::h0123456789abcdef"), "a::b");
+        assert_eq!(clean("a::b::hello"), "a::b::hello");
+    }
+}

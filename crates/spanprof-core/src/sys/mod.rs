@@ -1,0 +1,48 @@
+//! All of spanprof's `unsafe` code lives in this module and its children: the
+//! per-thread label slot, the per-thread sample ring, the CPU timers, the perf
+//! events, the signal handler and the frame-pointer unwinder.
+//!
+//! The rest of the crate is safe code and talks to this module through the safe
+//! functions re-exported here. Every `unsafe` block states the invariants it relies
+//! on in a `// SAFETY:` comment.
+#![allow(unsafe_code)]
+
+pub(crate) mod ring;
+pub(crate) mod slot;
+
+#[cfg(target_os = "linux")]
+mod handler;
+#[cfg(target_os = "linux")]
+mod perf;
+#[cfg(target_os = "linux")]
+mod thread;
+#[cfg(target_os = "linux")]
+mod timer;
+#[cfg(target_os = "linux")]
+mod unwind;
+
+#[cfg(target_os = "linux")]
+pub(crate) use handler::{
+    in_signal_handler, install_handler, on_hot_push, set_enabled, uninstall_handler,
+};
+#[cfg(target_os = "linux")]
+pub(crate) use thread::{ThreadSampler, probe_perf_events};
+
+#[cfg(not(target_os = "linux"))]
+mod unsupported;
+#[cfg(not(target_os = "linux"))]
+pub(crate) use unsupported::*;
+
+/// Most frames one sample keeps; deeper stacks are truncated and marked.
+pub const MAX_FRAMES: usize = 128;
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock the signal handler stamps samples with.
+pub(crate) fn monotonic_now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}

@@ -1,0 +1,124 @@
+//! Per-thread `perf_event_open` software `cpu-clock` events whose overflow sends a
+//! signal to the thread, for sampling rates above the kernel tick.
+//!
+//! The event counts user-space CPU time of one thread only (`exclude_kernel`, which
+//! `perf_event_paranoid = 2` permits). With no ring buffer mapped, the kernel signals
+//! when the event's refresh budget runs out and then disables it; re-arming with
+//! `PERF_EVENT_IOC_REFRESH 1` after each sample keeps it going while work is hot.
+
+use std::io;
+use std::mem;
+
+const PERF_TYPE_SOFTWARE: u32 = 1;
+const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
+const FLAG_DISABLED: u64 = 1 << 0;
+const FLAG_EXCLUDE_KERNEL: u64 = 1 << 5;
+const FLAG_EXCLUDE_HV: u64 = 1 << 6;
+const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
+const PERF_EVENT_IOC_DISABLE: libc::c_ulong = 0x2401;
+const PERF_EVENT_IOC_REFRESH: libc::c_ulong = 0x2402;
+const F_SETSIG: libc::c_int = 10;
+const F_SETOWN_EX: libc::c_int = 15;
+const F_OWNER_TID: libc::c_int = 0;
+
+/// `struct perf_event_attr` up to `PERF_ATTR_SIZE_VER5` (112 bytes); the bit fields
+/// after `read_format` are one `u64` of flags.
+#[repr(C)]
+#[derive(Default)]
+struct PerfEventAttr {
+    kind: u32,
+    size: u32,
+    config: u64,
+    sample_period: u64,
+    sample_type: u64,
+    read_format: u64,
+    flags: u64,
+    wakeup_events: u32,
+    bp_type: u32,
+    config1: u64,
+    config2: u64,
+    branch_sample_type: u64,
+    sample_regs_user: u64,
+    sample_stack_user: u32,
+    clockid: i32,
+    sample_regs_intr: u64,
+    aux_watermark: u32,
+    sample_max_stack: u16,
+    reserved: u16,
+}
+
+#[repr(C)]
+struct FOwnerEx {
+    kind: libc::c_int,
+    pid: libc::pid_t,
+}
+
+/// Opens a disabled user-space `cpu-clock` event on thread `tid` that signals that
+/// thread with `signo` every `period_ns` of its CPU time once armed.
+pub(crate) fn open(tid: libc::pid_t, period_ns: u64, signo: i32) -> io::Result<i32> {
+    let attr = PerfEventAttr {
+        kind: PERF_TYPE_SOFTWARE,
+        size: mem::size_of::<PerfEventAttr>() as u32,
+        config: PERF_COUNT_SW_CPU_CLOCK,
+        sample_period: period_ns.max(1),
+        flags: FLAG_DISABLED | FLAG_EXCLUDE_KERNEL | FLAG_EXCLUDE_HV,
+        ..Default::default()
+    };
+    // SAFETY: `attr` is a valid, fully initialised perf_event_attr whose `size` field
+    // matches its layout; the other arguments are plain integers.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            &attr as *const PerfEventAttr,
+            tid,
+            -1 as libc::c_int,
+            -1 as libc::c_int,
+            PERF_FLAG_FD_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = fd as i32;
+    let owner = FOwnerEx {
+        kind: F_OWNER_TID,
+        pid: tid,
+    };
+    // SAFETY: `fd` is the perf fd we just opened and own; the fcntl commands take an
+    // int or a pointer to a valid `f_owner_ex`.
+    let ok = unsafe {
+        libc::fcntl(fd, libc::F_SETFL, libc::O_ASYNC) == 0
+            && libc::fcntl(fd, F_SETSIG, signo) == 0
+            && libc::fcntl(fd, F_SETOWN_EX, &owner as *const FOwnerEx) == 0
+    };
+    if !ok {
+        let err = io::Error::last_os_error();
+        close(fd);
+        return Err(err);
+    }
+    Ok(fd)
+}
+
+/// Arms the event for one more overflow signal. Async-signal-safe (one ioctl).
+#[inline]
+pub(crate) fn refresh(fd: i32) -> bool {
+    // SAFETY: `fd` is an open perf event fd owned by the thread's sampler; the ioctl
+    // takes an integer argument.
+    unsafe { libc::ioctl(fd, PERF_EVENT_IOC_REFRESH as _, 1 as libc::c_int) == 0 }
+}
+
+/// Stops the event (no more signals until refreshed).
+pub(crate) fn disable(fd: i32) {
+    // SAFETY: as in `refresh`.
+    unsafe {
+        libc::ioctl(fd, PERF_EVENT_IOC_DISABLE as _, 0 as libc::c_int);
+    }
+}
+
+/// Closes the event.
+pub(crate) fn close(fd: i32) {
+    // SAFETY: `fd` is owned by the caller and closed once.
+    unsafe {
+        libc::close(fd);
+    }
+}

@@ -1,0 +1,180 @@
+//! The sampling state of one registered thread: its sample ring, its CPU timer,
+//! its perf event and the counters the handler keeps.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+use super::ring::SampleRing;
+use super::timer::CpuTimer;
+use super::{handler, perf};
+use crate::sampler::Mechanism;
+
+/// Per-thread sampler state. Shared between the owning thread's signal handler, the
+/// registry (arm/disarm under its lock) and the collector (drains the ring).
+pub(crate) struct ThreadSampler {
+    pub(crate) tid: libc::pid_t,
+    pthread: libc::pthread_t,
+    pub(crate) stack_lo: usize,
+    pub(crate) stack_hi: usize,
+    pub(crate) ring: SampleRing,
+    /// The armed timer (the handler re-arms it in timer mode). Guarded for arm/disarm.
+    timer: Mutex<Option<CpuTimer>>,
+    pub(crate) timer_live: AtomicBool,
+    pub(crate) timer_raw: AtomicUsize,
+    pub(crate) timer_high: AtomicBool,
+    pub(crate) perf_fd: AtomicI32,
+    pub(crate) perf_armed: AtomicBool,
+    pub(crate) perf_since_tick: AtomicU32,
+    pub(crate) baseline_ns: AtomicU64,
+    pub(crate) high_ns: AtomicU64,
+    pub(crate) samples: AtomicU64,
+    pub(crate) superseded: AtomicU64,
+    pub(crate) truncated: AtomicU64,
+    pub(crate) rearm_failed: AtomicU64,
+    pub(crate) retired: AtomicBool,
+}
+
+// SAFETY: `pthread_t` is an integer handle; every other field is Sync.
+unsafe impl Send for ThreadSampler {}
+// SAFETY: as above.
+unsafe impl Sync for ThreadSampler {}
+
+impl std::fmt::Debug for ThreadSampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadSampler")
+            .field("tid", &self.tid)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ThreadSampler {
+    /// State for the calling thread with a ring of `ring_capacity` samples.
+    pub(crate) fn for_current_thread(ring_capacity: usize) -> Arc<Self> {
+        // SAFETY: gettid and pthread_self have no preconditions.
+        let (tid, pthread) = unsafe { (libc::gettid(), libc::pthread_self()) };
+        let (stack_lo, stack_hi) = current_stack_bounds().unwrap_or((0, 0));
+        Arc::new(ThreadSampler {
+            tid,
+            pthread,
+            stack_lo,
+            stack_hi,
+            ring: SampleRing::new(ring_capacity),
+            timer: Mutex::new(None),
+            timer_live: AtomicBool::new(false),
+            timer_raw: AtomicUsize::new(0),
+            timer_high: AtomicBool::new(false),
+            perf_fd: AtomicI32::new(-1),
+            perf_armed: AtomicBool::new(false),
+            perf_since_tick: AtomicU32::new(0),
+            baseline_ns: AtomicU64::new(0),
+            high_ns: AtomicU64::new(0),
+            samples: AtomicU64::new(0),
+            superseded: AtomicU64::new(0),
+            truncated: AtomicU64::new(0),
+            rearm_failed: AtomicU64::new(0),
+            retired: AtomicBool::new(false),
+        })
+    }
+
+    /// Makes this the sampler the calling thread's signal handler writes to. Must be
+    /// called on the thread this state was made for.
+    pub(crate) fn attach_current(self: &Arc<Self>) {
+        handler::set_current_thread(Arc::as_ptr(self));
+    }
+
+    /// Stops the calling thread's handler from using any sampler.
+    pub(crate) fn detach_current() {
+        handler::set_current_thread(std::ptr::null());
+    }
+
+    /// Arms the thread: a CPU timer at the baseline period and, when `use_perf`, a
+    /// disabled perf event at the high period. Returns the mechanism in force.
+    /// Callers serialise arm/disarm (the registry lock).
+    pub(crate) fn arm(
+        &self,
+        baseline_ns: u64,
+        high_ns: u64,
+        use_perf: bool,
+    ) -> io::Result<Mechanism> {
+        self.disarm();
+        self.baseline_ns.store(baseline_ns, Ordering::Relaxed);
+        self.high_ns.store(high_ns, Ordering::Relaxed);
+        self.timer_high.store(false, Ordering::Relaxed);
+        self.perf_armed.store(false, Ordering::Relaxed);
+        let mut mechanism = Mechanism::Timer;
+        if use_perf {
+            match perf::open(self.tid, high_ns, handler::SIGNAL) {
+                Ok(fd) => {
+                    self.perf_fd.store(fd, Ordering::Release);
+                    mechanism = Mechanism::PerfEvent;
+                }
+                Err(e) => {
+                    tracing::debug!(tid = self.tid, error = %e, "perf event refused; timer only")
+                }
+            }
+        }
+        let timer = CpuTimer::create(self.pthread, self.tid, handler::SIGNAL)?;
+        self.timer_raw.store(timer.raw(), Ordering::Relaxed);
+        self.timer_live.store(true, Ordering::Release);
+        if !timer.set_period(baseline_ns) {
+            let err = io::Error::last_os_error();
+            self.timer_live.store(false, Ordering::Release);
+            timer.delete();
+            return Err(err);
+        }
+        *self.timer.lock().unwrap_or_else(|e| e.into_inner()) = Some(timer);
+        Ok(mechanism)
+    }
+
+    /// Stops sampling this thread: deletes the timer and closes the perf event.
+    pub(crate) fn disarm(&self) {
+        self.timer_live.store(false, Ordering::Release);
+        if let Some(t) = self.timer.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            t.delete();
+        }
+        let fd = self.perf_fd.swap(-1, Ordering::AcqRel);
+        if fd >= 0 {
+            perf::disable(fd);
+            perf::close(fd);
+        }
+        self.perf_armed.store(false, Ordering::Relaxed);
+    }
+}
+
+impl Drop for ThreadSampler {
+    fn drop(&mut self) {
+        self.disarm();
+    }
+}
+
+/// The calling thread's stack as `[lo, hi)`.
+fn current_stack_bounds() -> Option<(usize, usize)> {
+    // SAFETY: `attr` is initialised by pthread_getattr_np before use and destroyed
+    // once; the out-pointers are valid.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+            return None;
+        }
+        let mut addr: *mut libc::c_void = std::ptr::null_mut();
+        let mut size: libc::size_t = 0;
+        let rc = libc::pthread_attr_getstack(&attr, &mut addr, &mut size);
+        libc::pthread_attr_destroy(&mut attr);
+        if rc != 0 || addr.is_null() {
+            return None;
+        }
+        Some((addr as usize, addr as usize + size))
+    }
+}
+
+/// Whether this process may open per-thread perf events (tries one on the calling
+/// thread and closes it).
+pub(crate) fn probe_perf_events() -> Result<(), io::Error> {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    let fd = perf::open(tid, 1_000_000, handler::SIGNAL)?;
+    perf::close(fd);
+    Ok(())
+}
