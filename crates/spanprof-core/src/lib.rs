@@ -47,3 +47,13 @@ pub fn in_signal_handler() -> bool {
 /// The frame limit of one sample: deeper stacks are cut and marked
 /// `[truncated: stack deeper than the unwind limit]`.
 pub const MAX_FRAMES: usize = sys::MAX_FRAMES;
+
+/// CPU time the calling thread has used so far (`CLOCK_THREAD_CPUTIME_ID`).
+pub fn thread_cpu_time() -> std::time::Duration {
+    sys::thread_cpu_time()
+}
+
+/// CPU time the whole process has used so far (`CLOCK_PROCESS_CPUTIME_ID`).
+pub fn process_cpu_time() -> std::time::Duration {
+    sys::process_cpu_time()
+}

@@ -1,0 +1,49 @@
+//! The cost of spanprof's label push+pop around a poll, against a bare poll.
+//!
+//! `cargo bench -p spanprof-bench --bench poll_overhead`
+
+use std::future::Future;
+use std::hint::black_box;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use spanprof::{SpanLabels, WithSpanLabels};
+
+/// A future that is never ready: every poll does the same tiny amount of work.
+struct Spin(u64);
+
+impl Future for Spin {
+    type Output = ();
+    fn poll(mut self: std::pin::Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<()> {
+        self.0 = black_box(self.0.wrapping_add(1));
+        Poll::Pending
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let labels = SpanLabels::builder()
+        .trace_id(1)
+        .span_id(2)
+        .span_name("bench")
+        .build();
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut g = c.benchmark_group("poll");
+    g.bench_function("bare", |b| {
+        let mut f = pin!(Spin(0));
+        b.iter(|| black_box(f.as_mut().poll(&mut cx)))
+    });
+    g.bench_function("labelled", |b| {
+        let mut f = pin!(Spin(0).with_span_labels(labels.clone()));
+        b.iter(|| black_box(f.as_mut().poll(&mut cx)))
+    });
+    g.bench_function("push_pop", |b| {
+        b.iter(|| {
+            let _g = black_box(&labels).enter();
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
