@@ -14,15 +14,22 @@ use std::time::{Duration, Instant};
 use spanprof::{Hotness, Profile, SpanLabels, WithSpanLabels};
 
 macro_rules! burners {
-    ($($name:ident = $k:literal),*) => {
+    ($($name:ident = ($a:literal, $b:literal, $c:literal, $k:literal)),*) => {
         $(
-            /// Burns CPU; each class has its own body (own constants), so the linker
-            /// cannot fold two classes into one function.
+            /// Burns CPU in a xorshift loop made of primitive operations only, so even
+            /// an unoptimised build calls nothing from here: this function is the leaf.
+            /// Each class has its own shifts and constant, so no two bodies are equal
+            /// and the linker cannot fold them.
             #[inline(never)]
             pub fn $name(iters: u64) -> u64 {
-                let mut x = black_box($k);
-                for i in 0..iters {
-                    x = x.rotate_left(($k % 31) as u32 + 1) ^ i.wrapping_mul($k | 1);
+                let mut x: u64 = $k;
+                let mut i: u64 = 0;
+                while i < iters {
+                    x ^= x << $a;
+                    x ^= x >> $b;
+                    x ^= x << $c;
+                    x ^= i;
+                    i += 1;
                 }
                 black_box(x)
             }
@@ -33,14 +40,14 @@ macro_rules! burners {
 }
 
 burners!(
-    burn_class_0 = 0x9e3779b97f4a7c15u64,
-    burn_class_1 = 0x2545f4914f6cdd1du64,
-    burn_class_2 = 0xbf58476d1ce4e5b9u64,
-    burn_class_3 = 0x94d049bb133111ebu64,
-    burn_class_4 = 0xd6e8feb86659fd93u64,
-    burn_class_5 = 0xa0761d6478bd642fu64,
-    burn_class_6 = 0xe7037ed1a0b428dbu64,
-    burn_class_7 = 0x8ebc6af09c88c6e3u64
+    burn_class_0 = (13, 7, 17, 0x9e3779b97f4a7c15),
+    burn_class_1 = (11, 9, 19, 0x2545f4914f6cdd1d),
+    burn_class_2 = (5, 11, 23, 0xbf58476d1ce4e5b9),
+    burn_class_3 = (7, 13, 29, 0x94d049bb133111eb),
+    burn_class_4 = (17, 5, 11, 0xd6e8feb86659fd93),
+    burn_class_5 = (19, 3, 13, 0xa0761d6478bd642f),
+    burn_class_6 = (23, 17, 5, 0xe7037ed1a0b428db),
+    burn_class_7 = (29, 19, 7, 0x8ebc6af09c88c6e3)
 );
 
 /// How labelled work reaches the burners.

@@ -36,6 +36,9 @@ pub use store::{
     DEFAULT_MAX_STACKS, SpanProfileStore, SpanSummary, StoreConfig, StoreStats,
 };
 
+#[cfg(target_os = "linux")]
+pub use sys::HandlerAllocCounter;
+
 /// Whether the calling thread is inside spanprof's profiling signal handler right
 /// now. For tests: a counting global allocator uses it to prove the handler never
 /// allocates.

@@ -11,6 +11,8 @@ pub(crate) mod ring;
 pub(crate) mod slot;
 
 #[cfg(target_os = "linux")]
+mod alloc_counter;
+#[cfg(target_os = "linux")]
 mod handler;
 #[cfg(target_os = "linux")]
 mod perf;
@@ -21,6 +23,8 @@ mod timer;
 #[cfg(target_os = "linux")]
 mod unwind;
 
+#[cfg(target_os = "linux")]
+pub use alloc_counter::HandlerAllocCounter;
 #[cfg(target_os = "linux")]
 pub(crate) use handler::{
     in_signal_handler, install_handler, on_hot_push, set_enabled, uninstall_handler,

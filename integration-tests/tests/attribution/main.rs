@@ -1,0 +1,123 @@
+//! Issue 2's attribution test: on a 2-worker runtime, 32 concurrent tasks in 8
+//! classes migrate between workers; of the samples whose stack holds class k's
+//! function, at least 99 % must carry class k's span labels.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::time::Duration;
+
+use spanprof::Profiler;
+use spanprof_bench::{Mode, Workload, run_and_score};
+use support::{assert_attribution, assert_migrated};
+
+fn workload(mode: Mode) -> Workload {
+    Workload {
+        duration: Duration::from_secs(3),
+        mode,
+        ..Workload::default()
+    }
+}
+
+#[test]
+fn wrapped_tasks_are_attributed_across_migrations() {
+    let _serial = support::serial();
+    let profiler = Profiler::builder().start().expect("profiler");
+    let o = run_and_score(&workload(Mode::Wrapper), &profiler, true);
+    profiler.stop();
+    assert_migrated(&o, "wrapper");
+    assert_attribution(&o, "wrapper");
+}
+
+/// The wrapper alone, with no tokio hooks at all: what a build without
+/// `tokio_unstable` (or a runtime someone else built) gets.
+#[test]
+fn wrapper_path_alone_is_attributed() {
+    let _serial = support::serial();
+    let profiler = Profiler::builder().start().expect("profiler");
+    let o = run_and_score(&workload(Mode::Wrapper), &profiler, false);
+    profiler.stop();
+    assert_migrated(&o, "wrapper only");
+    assert_attribution(&o, "wrapper only");
+}
+
+#[test]
+fn joined_futures_inside_one_request_are_attributed() {
+    let _serial = support::serial();
+    let profiler = Profiler::builder().start().expect("profiler");
+    let o = run_and_score(&workload(Mode::Joined), &profiler, true);
+    profiler.stop();
+    assert_migrated(&o, "joined");
+    assert_attribution(&o, "joined");
+}
+
+/// Tasks spawned from inside a labelled task inherit its labels through the tokio
+/// hooks: the children have no wrapper of their own.
+#[cfg(tokio_unstable)]
+#[test]
+fn spawned_tasks_inherit_labels() {
+    let _serial = support::serial();
+    let before = spanprof::inheritance_stats();
+    let profiler = Profiler::builder().start().expect("profiler");
+    let o = run_and_score(&workload(Mode::Inherit), &profiler, true);
+    profiler.stop();
+    assert_migrated(&o, "inherit");
+    assert_attribution(&o, "inherit");
+    let after = spanprof::inheritance_stats();
+    assert!(after.inherited - before.inherited >= 32, "{after:?}");
+    assert_eq!(after.live, 0, "every inherited label released at terminate");
+    assert_eq!(after.overflowed, 0);
+}
+
+/// Without the hooks, spawned children lose their labels: this is what the hooks
+/// are for, and it shows the inherit test above can fail.
+#[test]
+fn without_hooks_spawned_children_are_unlabelled() {
+    let _serial = support::serial();
+    let profiler = Profiler::builder().start().expect("profiler");
+    let o = run_and_score(&workload(Mode::Inherit), &profiler, false);
+    profiler.stop();
+    assert!(o.samples > 100, "{o:?}");
+    assert!(
+        o.frac(o.unlabeled) > 0.9,
+        "children should be unlabelled: {o:?}"
+    );
+}
+
+/// `spawn_blocking` work started in a labelled context is labelled.
+#[test]
+fn spawn_blocking_keeps_labels() {
+    let _serial = support::serial();
+    let profiler = Profiler::builder().start().expect("profiler");
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    spanprof::install_runtime_hooks(&mut builder);
+    let rt = builder.worker_threads(2).enable_all().build().unwrap();
+    let labels = spanprof_bench::class_labels(3, 0, true);
+    let span = labels.span_id();
+    rt.block_on(spanprof::WithSpanLabels::with_span_labels(
+        async {
+            spanprof::spawn_blocking(|| {
+                let end = std::time::Instant::now() + Duration::from_millis(500);
+                while std::time::Instant::now() < end {
+                    spanprof_bench::BURNERS[3].1(10_000);
+                }
+            })
+            .await
+            .unwrap();
+        },
+        labels,
+    ));
+    drop(rt);
+    profiler.flush();
+    let p = profiler
+        .store()
+        .span(span)
+        .expect("samples of the blocking work");
+    profiler.stop();
+    assert!(
+        p.cpu_ns_in("burn_class_3") * 10 >= p.cpu_ns() * 9,
+        "{:?}",
+        p.top_functions(5)
+    );
+    assert!(p.sample_count() >= 100, "{}", p.sample_count());
+}
