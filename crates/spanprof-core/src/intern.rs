@@ -112,6 +112,16 @@ pub(crate) fn resolve(id: NameId) -> Arc<str> {
         .unwrap_or_else(|| g.names[1].clone())
 }
 
+/// The id of `s` if it was interned before (never inserts).
+pub(crate) fn lookup(s: &str) -> Option<NameId> {
+    INTERNER
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .ids
+        .get(truncate(s))
+        .copied()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,14 +135,4 @@ mod tests {
         let long = "x".repeat(1000);
         assert_eq!(resolve(intern(&long)).len(), MAX_NAME_LEN);
     }
-}
-
-/// The id of `s` if it was interned before (never inserts).
-pub(crate) fn lookup(s: &str) -> Option<NameId> {
-    INTERNER
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .ids
-        .get(truncate(s))
-        .copied()
 }

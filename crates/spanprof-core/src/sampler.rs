@@ -552,10 +552,10 @@ pub fn register_current_thread() -> bool {
         sampler.attach_current();
         {
             let mut reg = registry();
-            if let Some(run) = reg.run {
-                if let Err(e) = sampler.arm(run.baseline_ns, run.high_ns, run.use_perf) {
-                    tracing::warn!(tid = sampler.tid, error = %e, "spanprof: could not arm thread");
-                }
+            if let Some(run) = reg.run
+                && let Err(e) = sampler.arm(run.baseline_ns, run.high_ns, run.use_perf)
+            {
+                tracing::warn!(tid = sampler.tid, error = %e, "spanprof: could not arm thread");
             }
             reg.threads.push(sampler.clone());
         }

@@ -308,7 +308,7 @@ impl SpanProfileStore {
             .values()
             .map(|e| (e.seq, self.summary(e)))
             .collect();
-        v.sort_by(|a, b| b.0.cmp(&a.0));
+        v.sort_by_key(|e| std::cmp::Reverse(e.0));
         v.into_iter().map(|(_, s)| s).collect()
     }
 

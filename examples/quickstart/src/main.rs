@@ -76,7 +76,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .span_name(name)
                 .route(&format!("GET /{name}"))
                 // Every other class is hot: profiled at the high rate.
-                .hot(if class % 2 == 0 {
+                .hot(if class.is_multiple_of(2) {
                     spanprof::Hotness::Sampled
                 } else {
                     spanprof::Hotness::Cold

@@ -17,7 +17,7 @@ fn churn(shared: Arc<Mutex<Vec<u64>>>, id: u64, until: Instant) {
     let labels = SpanLabels::builder()
         .span_id(id)
         .span_name("stress")
-        .hot(if id % 2 == 0 {
+        .hot(if id.is_multiple_of(2) {
             Hotness::Sampled
         } else {
             Hotness::Cold

@@ -5,6 +5,7 @@
 //! pushes nest. The signal handler loads the pointer once; the record it points at
 //! is immutable but for atomics, so it can never observe a torn label.
 
+#[cfg(tokio_unstable)]
 use std::cell::Cell;
 use std::ptr;
 use std::sync::Arc;
@@ -16,11 +17,16 @@ thread_local! {
     // `const` initialisation and no `Drop`: access is a plain TLS offset, with no lazy
     // initialisation and no destructor registration, so a signal handler may read it.
     static SLOT: AtomicPtr<LabelRecord> = const { AtomicPtr::new(ptr::null_mut()) };
+}
+
+#[cfg(tokio_unstable)]
+thread_local! {
     // Saved slot values of the tokio poll hooks (before/after are separate callbacks).
     static HOOK_SAVED: Cell<[*const LabelRecord; HOOK_DEPTH]> = const { Cell::new([ptr::null(); HOOK_DEPTH]) };
     static HOOK_DEPTH_USED: Cell<usize> = const { Cell::new(0) };
 }
 
+#[cfg(tokio_unstable)]
 const HOOK_DEPTH: usize = 8;
 
 /// Publishes `record` in this thread's slot and returns what was there.
@@ -66,6 +72,7 @@ pub(crate) fn current() -> Option<SpanLabels> {
     Some(SpanLabels { record })
 }
 
+#[cfg(tokio_unstable)]
 /// Pushes for a tokio `on_before_task_poll` hook: remembers the previous value in a
 /// small per-thread stack because the matching `on_after_task_poll` is a separate call.
 /// Returns whether the pushed record is hot.
@@ -88,6 +95,7 @@ pub(crate) fn hook_push(record: *const LabelRecord) -> bool {
     hot
 }
 
+#[cfg(tokio_unstable)]
 /// The `on_after_task_poll` half of [`hook_push`].
 pub(crate) fn hook_pop() {
     let depth = HOOK_DEPTH_USED.get();
@@ -104,6 +112,7 @@ pub(crate) fn hook_pop() {
     restore(prev);
 }
 
+#[cfg(tokio_unstable)]
 /// Takes a strong reference to the record in this thread's slot and returns it as
 /// a raw pointer (null when the slot is empty). Balance with [`release_raw`].
 pub(crate) fn retain_current_raw() -> *const LabelRecord {
@@ -115,6 +124,7 @@ pub(crate) fn retain_current_raw() -> *const LabelRecord {
     p
 }
 
+#[cfg(tokio_unstable)]
 /// Releases a reference taken by [`retain_current_raw`].
 pub(crate) fn release_raw(p: *const LabelRecord) {
     if !p.is_null() {

@@ -74,7 +74,7 @@ pub(crate) unsafe fn walk(
     let lo = regs.sp;
     let mut fp = regs.fp;
     while n < MAX_FRAMES {
-        if fp < lo || fp % std::mem::align_of::<usize>() != 0 || fp > stack_hi - 16 {
+        if fp < lo || !fp.is_multiple_of(std::mem::align_of::<usize>()) || fp > stack_hi - 16 {
             return (n, false);
         }
         // SAFETY: `fp` and `fp + 8` are aligned and inside [sp, stack_hi - 8], the
@@ -91,6 +91,6 @@ pub(crate) unsafe fn walk(
         fp = next;
     }
     // Truncated if another valid frame record follows.
-    let more = fp >= lo && fp % std::mem::align_of::<usize>() == 0 && fp <= stack_hi - 16;
+    let more = fp >= lo && fp.is_multiple_of(std::mem::align_of::<usize>()) && fp <= stack_hi - 16;
     (n, more)
 }
