@@ -219,7 +219,10 @@ impl ProfilerBuilder {
 
 #[cfg(target_os = "linux")]
 fn start_platform(cfg: ProfilerBuilder) -> Result<Arc<ProfilerInner>, ProfilerError> {
-    let perf_ok = if cfg.use_perf_events {
+    // Perf events only pay off well above the baseline; below twice the baseline the
+    // timer re-armed at the high period does the job (and lost-signal detection,
+    // which expects several perf samples per baseline tick, stays exact).
+    let perf_ok = if cfg.use_perf_events && cfg.high_hz >= 2 * cfg.baseline_hz {
         match sys::probe_perf_events() {
             Ok(()) => true,
             Err(e) => {
@@ -320,6 +323,8 @@ pub struct SamplerStats {
     pub samples: u64,
     /// Samples dropped because a thread's ring was full.
     pub dropped_ring_full: u64,
+    /// Samples dropped because the collector's symbolization backlog was full.
+    pub dropped_backlog: u64,
     /// Baseline ticks skipped because the high-rate event covered that time.
     pub superseded: u64,
     /// Samples whose stack was cut at the frame limit.
@@ -402,7 +407,11 @@ impl Profiler {
 
     /// Sampler counters.
     pub fn sampler_stats(&self) -> SamplerStats {
-        sampler_stats()
+        let mut s = sampler_stats();
+        if let Some(c) = self.inner.collector.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            s.dropped_backlog = c.dropped_backlog();
+        }
+        s
     }
 
     /// Stops sampling: disarms every thread, drains what is left into the store,
@@ -470,6 +479,7 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
         threads: 0,
         samples: 0,
         dropped_ring_full: 0,
+        dropped_backlog: 0,
         superseded: 0,
         truncated: 0,
         rearm_failed: 0,
