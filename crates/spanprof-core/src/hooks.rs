@@ -165,8 +165,8 @@ mod task_table {
                 e.record.load(Ordering::Acquire).cast_const()
             })
         };
-        if slot::hook_push(record) {
-            crate::sampler::on_hot_push();
+        if let Some(high_ns) = slot::hook_push(record) {
+            crate::sampler::on_hot_push(high_ns);
         }
         if !record.is_null() {
             crate::sampler::ensure_thread_registered();

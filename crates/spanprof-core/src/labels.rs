@@ -23,6 +23,36 @@ pub(crate) struct LabelRecord {
     pub(crate) cpu_samples: AtomicU64,
     /// The weighted CPU estimate of those samples, in nanoseconds.
     pub(crate) cpu_ns: AtomicU64,
+    /// CLOCK_MONOTONIC time after which the work is promoted to `Slow` (0: never).
+    pub(crate) slow_deadline_ns: u64,
+    /// High sampling period for this work in ns (0: the profiler's).
+    pub(crate) high_ns: u64,
+    /// Poll accounting published by whoever polls this work ([`PollStats`]).
+    pub(crate) busy_ns: AtomicU64,
+    pub(crate) polls: AtomicU64,
+    pub(crate) max_poll_ns: AtomicU64,
+}
+
+/// Exact poll accounting of one span: time inside polls, number of polls, longest
+/// poll. Kept by the poller (no sampling involved) and published on the labels.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PollStats {
+    /// Wall time spent inside polls of the span's work, in nanoseconds.
+    pub busy_ns: u64,
+    /// Number of polls.
+    pub polls: u64,
+    /// Longest single poll, in nanoseconds.
+    pub max_poll_ns: u64,
+}
+
+impl PollStats {
+    /// Accounts one poll of `ns` nanoseconds.
+    #[inline]
+    pub fn record(&mut self, ns: u64) {
+        self.busy_ns += ns;
+        self.polls += 1;
+        self.max_poll_ns = self.max_poll_ns.max(ns);
+    }
 }
 
 /// The labels of one span: trace id, span id, local-root span id, span name, route
@@ -116,17 +146,67 @@ impl SpanLabels {
     }
 
     /// Labels for a child span of this one: same trace and local root, new span id and
-    /// name, same route and hotness.
+    /// name; same route, hotness, slow deadline and high rate.
     pub fn child(&self, span_id: u64, span_name: &str) -> SpanLabels {
-        SpanLabels::builder()
+        let mut b = SpanLabels::builder()
             .trace_id(self.record.trace_id)
             .span_id(span_id)
             .parent_span_id(self.record.span_id)
             .root_span_id(self.record.root_span_id)
             .span_name(span_name)
             .route_id(self.record.route)
-            .hot(self.hotness())
-            .build()
+            .hot(self.hotness());
+        b.slow_deadline_ns = self.record.slow_deadline_ns;
+        b.high_ns = self.record.high_ns;
+        b.build()
+    }
+
+    /// Publishes the poll accounting of this span (replacing what was there).
+    pub fn publish_poll_stats(&self, stats: PollStats) {
+        self.record.busy_ns.store(stats.busy_ns, Ordering::Relaxed);
+        self.record.polls.store(stats.polls, Ordering::Relaxed);
+        self.record
+            .max_poll_ns
+            .store(stats.max_poll_ns, Ordering::Relaxed);
+    }
+
+    /// The poll accounting last published.
+    pub fn poll_stats(&self) -> PollStats {
+        PollStats {
+            busy_ns: self.record.busy_ns.load(Ordering::Relaxed),
+            polls: self.record.polls.load(Ordering::Relaxed),
+            max_poll_ns: self.record.max_poll_ns.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether the work has a slow deadline that has passed (and promotes it if so).
+    /// The signal handler makes the same check at every sample, so work stuck in one
+    /// long poll is promoted within one baseline period.
+    pub fn check_slow(&self) -> bool {
+        let d = self.record.slow_deadline_ns;
+        if d != 0 && crate::sys::monotonic_now_ns() >= d {
+            self.promote(Hotness::Slow);
+            return true;
+        }
+        false
+    }
+
+    /// Pushes these labels for callback-style instrumentation (an `on_enter` without
+    /// a guard to hold): the previous value is kept on a small per-thread stack until
+    /// the matching [`SpanLabels::exit_detached`] on the same thread.
+    pub fn enter_detached(&self) {
+        let hot = crate::sys::slot::push_detached(&self.record);
+        if hot {
+            crate::sampler::on_hot_push(self.record.high_ns);
+        }
+        crate::sampler::ensure_thread_registered();
+    }
+
+    /// Pops labels pushed by [`SpanLabels::enter_detached`]. Returns false (and leaves
+    /// the slot alone) if these labels are not the ones on top, as when enter and exit
+    /// ran on different threads.
+    pub fn exit_detached(&self) -> bool {
+        crate::sys::slot::pop_detached(&self.record)
     }
 
     /// Pushes these labels into the current thread's slot until the guard drops.
@@ -171,9 +251,30 @@ pub struct SpanLabelsBuilder {
     span_name: Option<NameId>,
     route: Option<NameId>,
     hot: Hotness,
+    slow_deadline_ns: u64,
+    high_ns: u64,
 }
 
 impl SpanLabelsBuilder {
+    /// Promotes the work to the high rate (`Hotness::Slow`) once it has run for
+    /// `after` from now, even in the middle of a poll (the signal handler checks).
+    pub fn slow_after(mut self, after: std::time::Duration) -> Self {
+        self.slow_deadline_ns = crate::sys::monotonic_now_ns()
+            .saturating_add(u64::try_from(after.as_nanos()).unwrap_or(u64::MAX));
+        self
+    }
+
+    /// Samples this work at `hz` while it is hot, instead of the profiler's high rate.
+    /// Capped by what the mechanism can deliver; 0 means the profiler's rate.
+    pub fn high_rate_hz(mut self, hz: u32) -> Self {
+        self.high_ns = if hz == 0 {
+            0
+        } else {
+            1_000_000_000 / u64::from(hz.min(crate::MAX_HIGH_HZ))
+        };
+        self
+    }
+
     /// Sets the 128-bit trace id.
     pub fn trace_id(mut self, id: u128) -> Self {
         self.trace_id = id;
@@ -236,6 +337,11 @@ impl SpanLabelsBuilder {
                 hot: AtomicU8::new(self.hot as u8),
                 cpu_samples: AtomicU64::new(0),
                 cpu_ns: AtomicU64::new(0),
+                slow_deadline_ns: self.slow_deadline_ns,
+                high_ns: self.high_ns,
+                busy_ns: AtomicU64::new(0),
+                polls: AtomicU64::new(0),
+                max_poll_ns: AtomicU64::new(0),
             }),
         }
     }

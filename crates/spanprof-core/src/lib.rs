@@ -22,7 +22,7 @@ pub use hooks::{
 pub use intern::{
     DEFAULT_MAX_NAMES, InternStats, MAX_NAME_LEN, OVERFLOW_NAME, intern_stats, set_max_names,
 };
-pub use labels::{SpanLabels, SpanLabelsBuilder};
+pub use labels::{PollStats, SpanLabels, SpanLabelsBuilder};
 pub use profile::{Frame, FunctionCost, Hotness, Profile, ProfileSample, SampleLabels, Stack};
 pub use sampler::{
     Capabilities, DEFAULT_BASELINE_HZ, DEFAULT_DRAIN_INTERVAL, DEFAULT_HIGH_HZ,

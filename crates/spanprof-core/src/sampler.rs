@@ -408,7 +408,13 @@ impl Profiler {
     /// Sampler counters.
     pub fn sampler_stats(&self) -> SamplerStats {
         let mut s = sampler_stats();
-        if let Some(c) = self.inner.collector.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        if let Some(c) = self
+            .inner
+            .collector
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
             s.dropped_backlog = c.dropped_backlog();
         }
         s
@@ -618,7 +624,9 @@ pub(crate) fn ensure_thread_registered() {
 }
 
 #[inline]
-pub(crate) fn on_hot_push() {
+pub(crate) fn on_hot_push(label_high_ns: u64) {
     #[cfg(target_os = "linux")]
-    sys::on_hot_push();
+    sys::on_hot_push(label_high_ns);
+    #[cfg(not(target_os = "linux"))]
+    let _ = label_high_ns;
 }

@@ -28,7 +28,7 @@ pub(crate) fn push(labels: &SpanLabels) -> LabelGuard<'_> {
     let rec: &LabelRecord = &labels.record;
     let prev = sys::slot::replace(rec);
     if rec.hot.load(std::sync::atomic::Ordering::Relaxed) != 0 {
-        crate::sampler::on_hot_push();
+        crate::sampler::on_hot_push(rec.high_ns);
     }
     crate::sampler::ensure_thread_registered();
     LabelGuard {

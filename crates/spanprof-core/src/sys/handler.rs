@@ -86,7 +86,7 @@ pub(crate) fn uninstall_handler() {
 /// the high rate now rather than at its next baseline sample. One `ioctl` (or
 /// `timer_settime`) per transition into hot work, nothing when already high.
 #[cold]
-pub(crate) fn on_hot_push() {
+pub(crate) fn on_hot_push(label_high_ns: u64) {
     let ts = THREAD.with(|t| t.get());
     if ts.is_null() || !ENABLED.load(Ordering::Relaxed) {
         return;
@@ -94,11 +94,24 @@ pub(crate) fn on_hot_push() {
     // SAFETY: a non-null THREAD pointer is the `Arc<ThreadSampler>` of this thread,
     // kept alive by the registry until after the thread detaches (nulls THREAD).
     let ts = unsafe { &*ts };
-    go_high(ts);
+    go_high(ts, label_high_ns);
 }
 
+/// The high period for work whose labels ask for `label_high_ns` (0: the profiler's).
 #[inline(always)]
-fn go_high(ts: &ThreadSampler) {
+fn high_period(ts: &ThreadSampler, label_high_ns: u64) -> u64 {
+    if label_high_ns != 0 {
+        label_high_ns
+    } else {
+        ts.high_ns.load(Ordering::Relaxed)
+    }
+}
+
+/// Brings the thread to the high rate of the hot work in its slot: arms the perf event
+/// (at the work's period) or, in timer mode, re-arms the timer at the high period.
+#[inline(always)]
+fn go_high(ts: &ThreadSampler, label_high_ns: u64) {
+    let period = high_period(ts, label_high_ns);
     let fd = ts.perf_fd.load(Ordering::Acquire);
     if fd >= 0 {
         if ts
@@ -108,15 +121,22 @@ fn go_high(ts: &ThreadSampler) {
         {
             // Grace: the next timer tick must not take the fresh event for a lost one.
             ts.perf_since_tick.store(1, Ordering::Relaxed);
+            if ts.current_period_ns.load(Ordering::Relaxed) != period
+                && perf::set_period(fd, period)
+            {
+                ts.current_period_ns.store(period, Ordering::Relaxed);
+            }
             if !perf::refresh(fd) {
                 ts.perf_armed.store(false, Ordering::Relaxed);
                 ts.rearm_failed.fetch_add(1, Ordering::Relaxed);
             }
         }
-    } else if ts.timer_live.load(Ordering::Acquire) && !ts.timer_high.swap(true, Ordering::Relaxed)
+    } else if ts.timer_live.load(Ordering::Acquire)
+        && (!ts.timer_high.swap(true, Ordering::Relaxed)
+            || ts.current_period_ns.load(Ordering::Relaxed) != period)
     {
-        CpuTimer::from_raw(ts.timer_raw.load(Ordering::Relaxed))
-            .set_period(ts.high_ns.load(Ordering::Relaxed));
+        ts.current_period_ns.store(period, Ordering::Relaxed);
+        CpuTimer::from_raw(ts.timer_raw.load(Ordering::Relaxed)).set_period(period);
     }
 }
 
@@ -165,18 +185,45 @@ unsafe fn handle(info: *const SigInfoTimer, uctx: *mut libc::c_void) {
         return; // kill(), sigqueue(): not ours.
     };
 
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime is async-signal-safe; `now` is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    let time_ns = (now.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(now.tv_nsec as u64);
+
     let rec = slot::current_ptr();
     // SAFETY: a non-null slot pointer is a live `LabelRecord` (its pusher keeps it alive
     // until it restores the slot, which cannot happen while we interrupt it).
     let rec = unsafe { rec.as_ref() };
-    let hot = rec.map_or(0, |r| r.hot.load(Ordering::Relaxed));
+    let mut hot = rec.map_or(0, |r| r.hot.load(Ordering::Relaxed));
+    if let Some(r) = rec
+        && hot == 0
+        && r.slow_deadline_ns != 0
+        && time_ns >= r.slow_deadline_ns
+    {
+        // Slow promotion from inside a long poll: from this sample on, high rate.
+        r.hot
+            .fetch_max(crate::profile::Hotness::Slow as u8, Ordering::Relaxed);
+        hot = crate::profile::Hotness::Slow as u8;
+    }
+    let label_high_ns = rec.map_or(0, |r| r.high_ns);
     let weight_ns;
     let mut flags = 0;
     if from_perf {
         flags |= FLAG_PERF;
         ts.perf_since_tick.fetch_add(1, Ordering::Relaxed);
+        // This sample stands for the period the event ran at until now.
+        weight_ns = ts.current_period_ns.load(Ordering::Relaxed);
         let fd = ts.perf_fd.load(Ordering::Acquire);
         if hot != 0 && fd >= 0 {
+            let period = high_period(ts, label_high_ns);
+            if period != weight_ns && perf::set_period(fd, period) {
+                ts.current_period_ns.store(period, Ordering::Relaxed);
+            }
             if !perf::refresh(fd) {
                 ts.perf_armed.store(false, Ordering::Relaxed);
                 ts.rearm_failed.fetch_add(1, Ordering::Relaxed);
@@ -184,7 +231,6 @@ unsafe fn handle(info: *const SigInfoTimer, uctx: *mut libc::c_void) {
         } else {
             ts.perf_armed.store(false, Ordering::Relaxed);
         }
-        weight_ns = ts.high_ns.load(Ordering::Relaxed);
     } else {
         // SAFETY: SI_TIMER: the timer member of the union is the live one.
         let overrun = unsafe { (*info).overrun }.max(0) as u64;
@@ -204,39 +250,26 @@ unsafe fn handle(info: *const SigInfoTimer, uctx: *mut libc::c_void) {
                 .load(Ordering::Relaxed)
                 .saturating_mul(periods);
             if hot != 0 {
-                go_high(ts);
+                go_high(ts, label_high_ns);
             }
         } else {
-            let high = ts.timer_high.load(Ordering::Relaxed);
-            let period = if high {
-                ts.high_ns.load(Ordering::Relaxed)
-            } else {
-                ts.baseline_ns.load(Ordering::Relaxed)
-            };
+            // Timer mode: the timer itself runs at the baseline or the high period.
+            let period = ts.current_period_ns.load(Ordering::Relaxed);
             weight_ns = period.saturating_mul(periods);
-            if (hot != 0) != high && ts.timer_live.load(Ordering::Acquire) {
-                ts.timer_high.store(hot != 0, Ordering::Relaxed);
-                let next = if hot != 0 {
-                    ts.high_ns.load(Ordering::Relaxed)
-                } else {
-                    ts.baseline_ns.load(Ordering::Relaxed)
-                };
-                CpuTimer::from_raw(ts.timer_raw.load(Ordering::Relaxed)).set_period(next);
+            if hot != 0 {
+                go_high(ts, label_high_ns);
+            } else if ts.timer_high.load(Ordering::Relaxed) && ts.timer_live.load(Ordering::Acquire)
+            {
+                ts.timer_high.store(false, Ordering::Relaxed);
+                let base = ts.baseline_ns.load(Ordering::Relaxed);
+                ts.current_period_ns.store(base, Ordering::Relaxed);
+                CpuTimer::from_raw(ts.timer_raw.load(Ordering::Relaxed)).set_period(base);
             }
         }
     }
 
     // SAFETY: `uctx` is the kernel's ucontext for this signal.
     let regs = unsafe { unwind::regs(uctx) };
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime is async-signal-safe; `now` is a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    let time_ns = (now.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(now.tv_nsec as u64);
     let written = ts.ring.write(|s| {
         // SAFETY: [stack_lo, stack_hi) are this thread's stack bounds, read at
         // registration on this thread, and we run on this thread.

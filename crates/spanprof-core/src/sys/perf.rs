@@ -17,6 +17,7 @@ const FLAG_EXCLUDE_HV: u64 = 1 << 6;
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
 const PERF_EVENT_IOC_DISABLE: libc::c_ulong = 0x2401;
 const PERF_EVENT_IOC_REFRESH: libc::c_ulong = 0x2402;
+const PERF_EVENT_IOC_PERIOD: libc::c_ulong = 0x4008_2404;
 const F_SETSIG: libc::c_int = 10;
 const F_SETOWN_EX: libc::c_int = 15;
 const F_OWNER_TID: libc::c_int = 0;
@@ -105,6 +106,16 @@ pub(crate) fn refresh(fd: i32) -> bool {
     // SAFETY: `fd` is an open perf event fd owned by the thread's sampler; the ioctl
     // takes an integer argument.
     unsafe { libc::ioctl(fd, PERF_EVENT_IOC_REFRESH as _, 1 as libc::c_int) == 0 }
+}
+
+/// Changes the sampling period (takes effect from the next overflow).
+/// Async-signal-safe (one ioctl).
+#[inline]
+pub(crate) fn set_period(fd: i32, period_ns: u64) -> bool {
+    let period: u64 = period_ns.max(1);
+    // SAFETY: `fd` is an open perf event fd; PERF_EVENT_IOC_PERIOD reads a u64 through
+    // the pointer, which points at a live local.
+    unsafe { libc::ioctl(fd, PERF_EVENT_IOC_PERIOD as _, &period as *const u64) == 0 }
 }
 
 /// Stops the event (no more signals until refreshed).

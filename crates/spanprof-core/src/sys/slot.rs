@@ -29,6 +29,44 @@ thread_local! {
 #[cfg(tokio_unstable)]
 const HOOK_DEPTH: usize = 8;
 
+thread_local! {
+    // Saved slot values of detached pushes (tracing's on_enter / on_exit).
+    static DETACHED: std::cell::RefCell<Vec<(*const LabelRecord, *const LabelRecord)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Most nested detached pushes per thread; deeper ones are not pushed.
+const DETACHED_DEPTH: usize = 64;
+
+/// Pushes `record` (kept alive by the caller until [`pop_detached`]) and remembers
+/// the previous value. Returns whether `record` is hot.
+pub(crate) fn push_detached(record: &LabelRecord) -> bool {
+    let pushed = DETACHED.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.len() >= DETACHED_DEPTH {
+            return false;
+        }
+        let prev = replace(record);
+        d.push((record as *const LabelRecord, prev));
+        true
+    });
+    pushed && record.hot.load(std::sync::atomic::Ordering::Relaxed) != 0
+}
+
+/// Pops a [`push_detached`] of `record` if it is the newest one on this thread.
+pub(crate) fn pop_detached(record: &LabelRecord) -> bool {
+    DETACHED.with(|d| {
+        let mut d = d.borrow_mut();
+        match d.last() {
+            Some(&(top, prev)) if ptr::eq(top, record) => {
+                d.pop();
+                restore(prev);
+                true
+            }
+            _ => false,
+        }
+    })
+}
+
 /// Publishes `record` in this thread's slot and returns what was there.
 #[inline(always)]
 pub(crate) fn replace(record: *const LabelRecord) -> *const LabelRecord {
@@ -75,16 +113,17 @@ pub(crate) fn current() -> Option<SpanLabels> {
 #[cfg(tokio_unstable)]
 /// Pushes for a tokio `on_before_task_poll` hook: remembers the previous value in a
 /// small per-thread stack because the matching `on_after_task_poll` is a separate call.
-/// Returns whether the pushed record is hot.
+/// Returns the record's own high period (0: the profiler's) when it is hot.
 ///
 /// `record` must be null or a record kept alive (by a strong reference) until the
 /// matching [`hook_pop`].
-pub(crate) fn hook_push(record: *const LabelRecord) -> bool {
+pub(crate) fn hook_push(record: *const LabelRecord) -> Option<u64> {
     let prev = replace(record);
     // SAFETY: the caller keeps a non-null `record` alive until `hook_pop` (the task
     // table holds a strong reference until the task terminates).
     let hot = unsafe { record.as_ref() }
-        .is_some_and(|r| r.hot.load(std::sync::atomic::Ordering::Relaxed) != 0);
+        .filter(|r| r.hot.load(std::sync::atomic::Ordering::Relaxed) != 0)
+        .map(|r| r.high_ns);
     let depth = HOOK_DEPTH_USED.get();
     if depth < HOOK_DEPTH {
         let mut saved = HOOK_SAVED.get();

@@ -29,6 +29,8 @@ pub(crate) struct ThreadSampler {
     pub(crate) perf_since_tick: AtomicU32,
     pub(crate) baseline_ns: AtomicU64,
     pub(crate) high_ns: AtomicU64,
+    /// The period the perf event (or, in timer mode, the timer) runs at now.
+    pub(crate) current_period_ns: AtomicU64,
     pub(crate) samples: AtomicU64,
     pub(crate) superseded: AtomicU64,
     pub(crate) truncated: AtomicU64,
@@ -70,6 +72,7 @@ impl ThreadSampler {
             perf_since_tick: AtomicU32::new(0),
             baseline_ns: AtomicU64::new(0),
             high_ns: AtomicU64::new(0),
+            current_period_ns: AtomicU64::new(0),
             samples: AtomicU64::new(0),
             superseded: AtomicU64::new(0),
             truncated: AtomicU64::new(0),
@@ -104,6 +107,10 @@ impl ThreadSampler {
         self.timer_high.store(false, Ordering::Relaxed);
         self.perf_armed.store(false, Ordering::Relaxed);
         let mut mechanism = Mechanism::Timer;
+        self.current_period_ns.store(
+            if use_perf { high_ns } else { baseline_ns },
+            Ordering::Relaxed,
+        );
         if use_perf {
             match perf::open(self.tid, high_ns, handler::SIGNAL) {
                 Ok(fd) => {
