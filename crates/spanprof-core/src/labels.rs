@@ -23,6 +23,9 @@ pub(crate) struct LabelRecord {
     pub(crate) cpu_samples: AtomicU64,
     /// The weighted CPU estimate of those samples, in nanoseconds.
     pub(crate) cpu_ns: AtomicU64,
+    /// The local root's record when this is an inner span: the handler adds this
+    /// span's samples to the root's counters too, so a root's figures cover its tree.
+    pub(crate) root: Option<Arc<LabelRecord>>,
     /// CLOCK_MONOTONIC time after which the work is promoted to `Slow` (0: never).
     pub(crate) slow_deadline_ns: u64,
     /// High sampling period for this work in ns (0: the profiler's).
@@ -135,7 +138,8 @@ impl SpanLabels {
         self.record.hot.fetch_max(why as u8, Ordering::Relaxed);
     }
 
-    /// Samples taken so far while these labels were active (exact count).
+    /// Samples taken so far while these labels were active (exact count); for a local
+    /// root, also those of the inner spans made from it with [`SpanLabels::child`].
     pub fn cpu_samples(&self) -> u64 {
         self.record.cpu_samples.load(Ordering::Relaxed)
     }
@@ -158,6 +162,10 @@ impl SpanLabels {
             .hot(self.hotness());
         b.slow_deadline_ns = self.record.slow_deadline_ns;
         b.high_ns = self.record.high_ns;
+        b.root = Some(match &self.record.root {
+            Some(root) => root.clone(),
+            None => self.record.clone(),
+        });
         b.build()
     }
 
@@ -242,7 +250,7 @@ impl fmt::Debug for SpanLabels {
 
 /// Builds [`SpanLabels`]. Unset ids are 0; an unset root span id is the span id
 /// (the span is its own local root).
-#[derive(Debug, Default, Clone)]
+#[derive(Default, Clone)]
 pub struct SpanLabelsBuilder {
     trace_id: u128,
     span_id: u64,
@@ -253,6 +261,16 @@ pub struct SpanLabelsBuilder {
     hot: Hotness,
     slow_deadline_ns: u64,
     high_ns: u64,
+    root: Option<Arc<LabelRecord>>,
+}
+
+impl fmt::Debug for SpanLabelsBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SpanLabelsBuilder")
+            .field("trace_id", &format_args!("{:032x}", self.trace_id))
+            .field("span_id", &format_args!("{:016x}", self.span_id))
+            .finish_non_exhaustive()
+    }
 }
 
 impl SpanLabelsBuilder {
@@ -337,6 +355,7 @@ impl SpanLabelsBuilder {
                 hot: AtomicU8::new(self.hot as u8),
                 cpu_samples: AtomicU64::new(0),
                 cpu_ns: AtomicU64::new(0),
+                root: self.root,
                 slow_deadline_ns: self.slow_deadline_ns,
                 high_ns: self.high_ns,
                 busy_ns: AtomicU64::new(0),

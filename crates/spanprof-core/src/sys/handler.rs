@@ -299,6 +299,10 @@ unsafe fn handle(info: *const SigInfoTimer, uctx: *mut libc::c_void) {
         if let Some(r) = rec {
             r.cpu_samples.fetch_add(1, Ordering::Relaxed);
             r.cpu_ns.fetch_add(weight_ns, Ordering::Relaxed);
+            if let Some(root) = r.root.as_deref() {
+                root.cpu_samples.fetch_add(1, Ordering::Relaxed);
+                root.cpu_ns.fetch_add(weight_ns, Ordering::Relaxed);
+            }
         }
     }
 }

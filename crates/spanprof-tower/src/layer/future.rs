@@ -1,0 +1,127 @@
+//! The response future and body: labels pushed around every poll of both, with
+//! exact poll accounting, so streaming responses stay attributed to their request.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http_body::{Body, Frame, SizeHint};
+
+use super::RequestProfile;
+
+pin_project_lite::pin_project! {
+    /// The future of [`super::ProfileCorrelation`]: polls the inner future with the
+    /// request's labels pushed, then hands them to the response body.
+    pub struct ResponseFuture<F> {
+        #[pin]
+        inner: F,
+        profile: Option<RequestProfile>,
+    }
+
+    impl<F> PinnedDrop for ResponseFuture<F> {
+        fn drop(this: Pin<&mut Self>) {
+            // Cancelled before the response: still publish what was measured.
+            if let Some(p) = this.project().profile.as_ref() {
+                p.publish();
+            }
+        }
+    }
+}
+
+impl<F> ResponseFuture<F> {
+    pub(crate) fn new(inner: F, profile: Option<RequestProfile>) -> Self {
+        ResponseFuture { inner, profile }
+    }
+}
+
+impl<F> std::fmt::Debug for ResponseFuture<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<http::Response<B>, E>>,
+{
+    type Output = Result<http::Response<ProfiledBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let inner = this.inner;
+        let out = match this.profile.as_mut() {
+            Some(p) => p.poll(|| inner.poll(cx)),
+            None => inner.poll(cx),
+        };
+        match out {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Ready(Ok(response)) => {
+                let profile = this.profile.take();
+                if let Some(p) = profile.as_ref() {
+                    p.publish();
+                }
+                Poll::Ready(Ok(response.map(|body| ProfiledBody {
+                    inner: body,
+                    profile,
+                })))
+            }
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body polled with its request's labels pushed (streaming responses,
+    /// such as gRPC server streams, stay labelled for the life of the stream).
+    pub struct ProfiledBody<B> {
+        #[pin]
+        inner: B,
+        profile: Option<RequestProfile>,
+    }
+
+    impl<B> PinnedDrop for ProfiledBody<B> {
+        fn drop(this: Pin<&mut Self>) {
+            if let Some(p) = this.project().profile.as_ref() {
+                p.publish();
+            }
+        }
+    }
+}
+
+impl<B> std::fmt::Debug for ProfiledBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProfiledBody").finish_non_exhaustive()
+    }
+}
+
+impl<B: Body> Body for ProfiledBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        let inner = this.inner;
+        match this.profile.as_mut() {
+            Some(p) => {
+                let out = p.poll(|| inner.poll_frame(cx));
+                if matches!(out, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+                    // End of stream: publish before the span around us ends.
+                    p.publish();
+                }
+                out
+            }
+            None => inner.poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,300 @@
+//! [`ProfileCorrelationLayer`]: labels every poll of a request with its span and
+//! decides, per route, whether it is profiled at the high rate.
+//!
+//! One file per concern, as tower-http's `trace` module: the layer and its builder
+//! here, the service in `service.rs`, the response future and body in `future.rs`,
+//! route naming in `make_route.rs`, trace identity in `trace_context.rs`.
+
+mod future;
+mod make_route;
+mod service;
+mod trace_context;
+
+use std::borrow::Cow;
+use std::sync::{Arc, LazyLock};
+
+use spanprof_core::{Hotness, PollStats, Profiler, SpanLabels};
+
+pub use future::{ProfiledBody, ResponseFuture};
+pub use make_route::{DefaultRoute, GrpcRoute, MakeRoute, UNMATCHED_ROUTE};
+pub use service::ProfileCorrelation;
+
+use crate::policy::{ConfigError, Policies, PolicyConfig, ProfileScope, RoutePolicy};
+use crate::registry;
+
+/// The clock of the poll accounting: TSC-based where the CPU has an invariant TSC,
+/// so two reads per poll stay cheap.
+pub(crate) static CLOCK: LazyLock<quanta::Clock> = LazyLock::new(quanta::Clock::new);
+
+/// A `tower::Layer` that attaches span-derived labels (trace id, span id, span name,
+/// route) to every poll of each request, so every CPU sample taken while the
+/// request's code runs — on whichever worker thread — carries them; and that picks,
+/// per route, which requests are profiled at the high rate.
+///
+/// Place it inside `tower_http::trace::TraceLayer` with `tracing-opentelemetry`
+/// installed: it reads the OpenTelemetry span context of the current `tracing` span.
+/// Without a tracing span it uses an incoming W3C `traceparent` header (labels then
+/// carry the caller's trace id and a span id of spanprof's own, which no exported
+/// span has); with neither, requests are still labelled by route with a random span
+/// id and no trace id, so per-route and per-request profiles work but nothing links
+/// them to traces.
+///
+/// ```
+/// use axum::{Router, routing::get};
+/// use spanprof_tower::ProfileCorrelationLayer;
+///
+/// let app: Router = Router::new()
+///     .route("/health", get(|| async { "ok" }))
+///     .layer(ProfileCorrelationLayer::new());
+/// ```
+#[derive(Clone, Debug)]
+pub struct ProfileCorrelationLayer<R = DefaultRoute> {
+    pub(crate) correlator: Correlator,
+    make_route: R,
+}
+
+impl ProfileCorrelationLayer {
+    /// The layer with the default policy ([`RoutePolicy::new`]) for every route; starts
+    /// the profiler with its defaults if none is running (and logs, not fails, where
+    /// profiling is unavailable).
+    pub fn new() -> Self {
+        ProfileCorrelationLayer::builder()
+            .build()
+            .expect("the default configuration is valid")
+    }
+
+    /// Starts a configured layer.
+    pub fn builder() -> ProfileCorrelationLayerBuilder {
+        ProfileCorrelationLayerBuilder::default()
+    }
+}
+
+impl Default for ProfileCorrelationLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ProfileCorrelationLayer<GrpcRoute> {
+    /// The layer for a gRPC server (tonic): the route is the method path
+    /// `/package.Service/Method`.
+    pub fn new_for_grpc() -> Self {
+        ProfileCorrelationLayer::new().make_route(GrpcRoute)
+    }
+}
+
+impl<R> ProfileCorrelationLayer<R> {
+    /// Replaces how routes are named (for example a closure for plain hyper servers).
+    pub fn make_route<R2>(self, make_route: R2) -> ProfileCorrelationLayer<R2> {
+        ProfileCorrelationLayer {
+            correlator: self.correlator,
+            make_route,
+        }
+    }
+}
+
+impl<S, R: Clone> tower_layer::Layer<S> for ProfileCorrelationLayer<R> {
+    type Service = ProfileCorrelation<S, R>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ProfileCorrelation::new(inner, self.correlator.clone(), self.make_route.clone())
+    }
+}
+
+/// Builds a [`ProfileCorrelationLayer`]; configuration errors are reported by
+/// [`ProfileCorrelationLayerBuilder::build`], naming the field.
+#[derive(Debug, Default)]
+pub struct ProfileCorrelationLayerBuilder {
+    default: Option<RoutePolicy>,
+    routes: Vec<(String, RoutePolicy)>,
+    disabled: Vec<String>,
+    scope: Option<ProfileScope>,
+    config: Option<PolicyConfig>,
+    profiler: Option<Profiler>,
+}
+
+impl ProfileCorrelationLayerBuilder {
+    /// The policy of routes not listed. Defaults to [`RoutePolicy::new`].
+    pub fn default_policy(mut self, policy: RoutePolicy) -> Self {
+        self.default = Some(policy);
+        self
+    }
+
+    /// The policy of one route: a route template (`/checkout`, `/cart/{id}`,
+    /// `/pkg.Service/Method`), optionally with a method (`POST /checkout`).
+    pub fn route(mut self, route: impl Into<String>, policy: RoutePolicy) -> Self {
+        self.routes.push((route.into(), policy));
+        self
+    }
+
+    /// Requests of this route are neither labelled nor profiled.
+    pub fn disable_route(mut self, route: impl Into<String>) -> Self {
+        self.disabled.push(route.into());
+        self
+    }
+
+    /// Which spans carry their own profile id. Defaults to [`ProfileScope::LocalRoot`].
+    pub fn scope(mut self, scope: ProfileScope) -> Self {
+        self.scope = Some(scope);
+        self
+    }
+
+    /// Policies from configuration; routes set in code as well override it.
+    pub fn config(mut self, config: PolicyConfig) -> Self {
+        self.config = Some(config);
+        self
+    }
+
+    /// Uses this profiler instead of the running one (or a new default one).
+    pub fn profiler(mut self, profiler: Profiler) -> Self {
+        self.profiler = Some(profiler);
+        self
+    }
+
+    /// Validates the configuration and builds the layer.
+    pub fn build(self) -> Result<ProfileCorrelationLayer, ConfigError> {
+        let mut policies = Policies::new();
+        let mut scope = ProfileScope::default();
+        if let Some(cfg) = &self.config {
+            if let Some(d) = &cfg.default {
+                policies.default = d.to_policy("default")?;
+            }
+            for (route, p) in &cfg.routes {
+                let policy = p.to_policy(&format!("routes[{route:?}]"))?;
+                policies.routes.insert(route.clone(), policy);
+            }
+            policies.disabled.extend(cfg.disabled.iter().cloned());
+            scope = cfg.scope.unwrap_or_default();
+        }
+        if let Some(d) = self.default {
+            policies.default = d;
+        }
+        for (route, p) in self.routes {
+            policies.routes.insert(route, p);
+        }
+        policies.disabled.extend(self.disabled);
+        if let Some(s) = self.scope {
+            scope = s;
+        }
+        let profiler = match self.profiler {
+            Some(p) => Some(p),
+            None => match Profiler::current_or_start() {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    tracing::warn!(error = %e, "spanprof: profiling unavailable; requests are still labelled");
+                    None
+                }
+            },
+        };
+        let baseline = profiler
+            .as_ref()
+            .map_or(spanprof_core::DEFAULT_BASELINE_HZ, |p| {
+                p.capabilities().baseline_hz
+            });
+        policies.validate(baseline)?;
+        registry::set_scope(scope);
+        Ok(ProfileCorrelationLayer {
+            correlator: Correlator {
+                policies: Arc::new(policies),
+                _profiler: profiler,
+            },
+            make_route: DefaultRoute,
+        })
+    }
+}
+
+/// The per-request decisions shared by the tower service and the hyper adapter.
+#[derive(Clone, Debug)]
+pub(crate) struct Correlator {
+    policies: Arc<Policies>,
+    /// Keeps the profiler this layer was built against.
+    _profiler: Option<Profiler>,
+}
+
+/// The state of one profiled request.
+#[derive(Debug)]
+pub(crate) struct RequestProfile {
+    pub(crate) labels: SpanLabels,
+    pub(crate) started: u64,
+    pub(crate) slow_after_ns: Option<u64>,
+    pub(crate) promoted: bool,
+    pub(crate) stats: PollStats,
+}
+
+impl RequestProfile {
+    /// Runs one poll with the labels pushed, accounting its time.
+    #[inline]
+    pub(crate) fn poll<T>(&mut self, f: impl FnOnce() -> T) -> T {
+        let t0 = CLOCK.raw();
+        if !self.promoted
+            && let Some(after) = self.slow_after_ns
+            && CLOCK.delta_as_nanos(self.started, t0) >= after
+        {
+            self.labels.promote(Hotness::Slow);
+            self.promoted = true;
+        }
+        let out = {
+            let _g = self.labels.enter();
+            f()
+        };
+        self.stats.record(CLOCK.delta_as_nanos(t0, CLOCK.raw()));
+        out
+    }
+
+    /// Makes the accounting so far visible on the labels (for the span processor).
+    pub(crate) fn publish(&self) {
+        self.labels.publish_poll_stats(self.stats);
+    }
+}
+
+impl Correlator {
+    /// Decides and labels one request; `None` for disabled routes.
+    pub(crate) fn begin<B>(
+        &self,
+        request: &http::Request<B>,
+        route: Option<Cow<'static, str>>,
+    ) -> Option<RequestProfile> {
+        let route = route.unwrap_or(Cow::Borrowed(UNMATCHED_ROUTE));
+        let method = request.method().as_str();
+        let policy = self.policies.lookup(method, &route)?;
+        let trace = trace_context::current(request.headers());
+        let decision_id = if trace.trace_id != 0 {
+            trace.trace_id
+        } else {
+            u128::from(trace.span_id)
+        };
+        let hot = policy.decide(decision_id, trace.sampled);
+        let span_name = if make_route::is_grpc(request.headers()) {
+            route.to_string()
+        } else {
+            format!("{method} {route}")
+        };
+        let mut b = SpanLabels::builder()
+            .trace_id(trace.trace_id)
+            .span_id(trace.span_id)
+            .parent_span_id(trace.parent_span_id)
+            .root_span_id(trace.span_id)
+            .span_name(&span_name)
+            .route(&route)
+            .hot(hot);
+        if let Some(after) = policy.slow_after {
+            b = b.slow_after(after);
+        }
+        if let Some(hz) = policy.high_rate_hz {
+            b = b.high_rate_hz(hz);
+        }
+        let labels = b.build();
+        if trace.otel_span && trace.sampled {
+            registry::track(&labels);
+        }
+        Some(RequestProfile {
+            labels,
+            started: CLOCK.raw(),
+            slow_after_ns: policy
+                .slow_after
+                .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+            promoted: hot != Hotness::Cold,
+            stats: PollStats::default(),
+        })
+    }
+}

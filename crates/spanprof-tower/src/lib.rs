@@ -1,0 +1,26 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+
+mod layer;
+mod policy;
+mod processor;
+mod registry;
+mod tracing_layer;
+
+#[cfg(feature = "hyper")]
+pub mod hyper;
+
+pub use layer::{
+    DefaultRoute, GrpcRoute, MakeRoute, ProfileCorrelation, ProfileCorrelationLayer,
+    ProfileCorrelationLayerBuilder, ProfiledBody, ResponseFuture, UNMATCHED_ROUTE,
+};
+pub use policy::{
+    ConfigError, DEFAULT_SAMPLE_RATE, DEFAULT_SLOW_AFTER, PolicyConfig, ProfileScope, RoutePolicy,
+    RoutePolicyConfig, parse_duration, rate_picks,
+};
+pub use processor::{
+    ATTR_BUSY_NS, ATTR_CPU_NS, ATTR_CPU_SAMPLES, ATTR_HOT, ATTR_IDLE_NS, ATTR_MAX_POLL_NS,
+    ATTR_POLLS, ATTR_PROFILE_ID, SpanProfileProcessor,
+};
+pub use registry::{MAX_TRACKED_SPANS, scope, tracking_evicted};
+pub use tracing_layer::SpanProfileLayer;

@@ -1,0 +1,154 @@
+//! [`SpanProfileLayer`]: a `tracing_subscriber::Layer` that narrows the labels to the
+//! inner `tracing` span being entered, so an inner span such as `calculate_total`
+//! has its own span-scoped profile while its local root's profile still includes it.
+
+use opentelemetry::trace::TraceContextExt;
+use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
+use spanprof_core::{PollStats, SpanLabels};
+use tracing::Subscriber;
+use tracing::span::{Attributes, Id};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::layer::Context;
+use tracing_subscriber::registry::LookupSpan;
+
+use crate::layer::CLOCK;
+use crate::registry;
+
+/// Narrows span labels on `tracing` span enter and exit.
+///
+/// A span entered while labels are active (inside a request handled by
+/// [`crate::ProfileCorrelationLayer`], or any labelled future) gets labels of its own:
+/// the same trace, route and local root, its own span id (its OpenTelemetry span id
+/// when `tracing-opentelemetry` is installed, else a random one) and its name. Its
+/// samples carry its span id; its local root's profile (`SpanProfileStore::span_tree`)
+/// and CPU figures include them. Spans entered with no labels active are left alone.
+///
+/// Add it to the registry next to `tracing_opentelemetry`'s layer:
+///
+/// ```
+/// use tracing_subscriber::prelude::*;
+/// let subscriber = tracing_subscriber::registry().with(spanprof_tower::SpanProfileLayer::new());
+/// # drop(subscriber);
+/// ```
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SpanProfileLayer {
+    _private: (),
+}
+
+impl SpanProfileLayer {
+    /// The layer.
+    pub fn new() -> Self {
+        SpanProfileLayer { _private: () }
+    }
+}
+
+/// Per-span state kept in the span's extensions.
+enum Profiled {
+    /// Entered outside labelled work, or the request span itself: nothing to do.
+    No,
+    Yes {
+        labels: SpanLabels,
+        stats: PollStats,
+        entered_at: u64,
+        depth: u32,
+    },
+}
+
+impl<S> tracing_subscriber::Layer<S> for SpanProfileLayer
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn on_new_span(&self, _attrs: &Attributes<'_>, _id: &Id, _ctx: Context<'_, S>) {}
+
+    fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else { return };
+        let known = span.extensions().get::<Profiled>().is_some();
+        if !known {
+            // Decide once, at the first enter. The extensions lock is not held here:
+            // reading the OpenTelemetry context locks this span's data too.
+            let profiled = match spanprof_core::current_labels() {
+                None => Profiled::No,
+                Some(parent) => match own_span_id(id) {
+                    Some(sid) if sid == parent.span_id() => Profiled::No,
+                    sid => {
+                        let (sid, otel, sampled) = match sid {
+                            Some(sid) => (sid, true, current_sampled()),
+                            None => (random_span_id(), false, false),
+                        };
+                        let labels = parent.child(sid, span.metadata().name());
+                        if otel && sampled {
+                            registry::track(&labels);
+                        }
+                        Profiled::Yes {
+                            labels,
+                            stats: PollStats::default(),
+                            entered_at: 0,
+                            depth: 0,
+                        }
+                    }
+                },
+            };
+            span.extensions_mut().insert(profiled);
+        }
+        let mut ext = span.extensions_mut();
+        if let Some(Profiled::Yes {
+            labels,
+            entered_at,
+            depth,
+            ..
+        }) = ext.get_mut::<Profiled>()
+        {
+            *depth += 1;
+            if *depth == 1 {
+                *entered_at = CLOCK.raw();
+            }
+            labels.enter_detached();
+        }
+    }
+
+    fn on_exit(&self, id: &Id, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else { return };
+        let mut ext = span.extensions_mut();
+        if let Some(Profiled::Yes {
+            labels,
+            stats,
+            entered_at,
+            depth,
+        }) = ext.get_mut::<Profiled>()
+        {
+            labels.exit_detached();
+            *depth = depth.saturating_sub(1);
+            if *depth == 0 {
+                stats.record(CLOCK.delta_as_nanos(*entered_at, CLOCK.raw()));
+                // Published at every exit: the span may end (and be exported) before
+                // this layer hears of its close.
+                labels.publish_poll_stats(*stats);
+            }
+        }
+    }
+}
+
+/// The OpenTelemetry span id of the span being entered (it is the current span
+/// while layers hear of the enter), if `tracing-opentelemetry` gives it one.
+fn own_span_id(id: &Id) -> Option<u64> {
+    let current = tracing::Span::current();
+    if current.id().as_ref() != Some(id) {
+        return None;
+    }
+    let cx = current.context();
+    let sc = cx.span().span_context().clone();
+    sc.is_valid()
+        .then(|| u64::from_be_bytes(sc.span_id().to_bytes()))
+}
+
+fn current_sampled() -> bool {
+    tracing::Span::current()
+        .context()
+        .span()
+        .span_context()
+        .is_sampled()
+}
+
+fn random_span_id() -> u64 {
+    u64::from_be_bytes(RandomIdGenerator::default().new_span_id().to_bytes())
+}
