@@ -31,12 +31,41 @@ impl Extractor for Headers<'_> {
         if v.len() > MAX_TRACE_HEADER_LEN {
             return None;
         }
-        v.to_str().ok()
+        let v = v.to_str().ok()?;
+        if key == "traceparent" && !traceparent_shape_ok(v) {
+            return None;
+        }
+        Some(v)
     }
 
     fn keys(&self) -> Vec<&str> {
         self.0.keys().map(|k| k.as_str()).collect()
     }
+}
+
+/// W3C's shape rules for `traceparent`, checked before OpenTelemetry's propagator
+/// parses it: the propagator accepts trace and span ids shorter than 32 and 16 hex
+/// digits (it parses them as numbers), which the W3C says must be ignored.
+fn traceparent_shape_ok(v: &str) -> bool {
+    let hex = |s: &str, n: usize| {
+        s.len() == n && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    };
+    let mut parts = v.trim().split('-');
+    let (Some(version), Some(trace), Some(span), Some(flags)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    let rest_ok = match version {
+        "00" => parts.next().is_none(),
+        _ => true, // later versions may append fields
+    };
+    hex(version, 2)
+        && version != "ff"
+        && hex(trace, 32)
+        && hex(span, 16)
+        && hex(flags, 2)
+        && rest_ok
 }
 
 fn new_span_id() -> u64 {
@@ -78,5 +107,30 @@ pub(crate) fn current(headers: &http::HeaderMap) -> RequestTrace {
         parent_span_id: 0,
         sampled: true,
         otel_span: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::traceparent_shape_ok;
+
+    #[test]
+    fn traceparent_shapes() {
+        assert!(traceparent_shape_ok(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        ));
+        assert!(!traceparent_shape_ok("00-1234-5678-01"));
+        assert!(!traceparent_shape_ok(
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01"
+        ));
+        assert!(!traceparent_shape_ok(
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01"
+        ));
+        assert!(!traceparent_shape_ok(
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        ));
+        assert!(!traceparent_shape_ok(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x"
+        ));
     }
 }

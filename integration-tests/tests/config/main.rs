@@ -1,0 +1,96 @@
+//! Bad configuration is reported when the layer is built, naming the field: one test
+//! per rule.
+
+use spanprof_tower::{ConfigError, PolicyConfig, ProfileCorrelationLayer, RoutePolicy};
+
+fn build_json(json: &str) -> Result<(), ConfigError> {
+    let cfg: PolicyConfig = serde_json::from_str(json).expect("well-formed JSON");
+    ProfileCorrelationLayer::builder()
+        .config(cfg)
+        .build()
+        .map(drop)
+}
+
+#[track_caller]
+fn assert_field(r: Result<(), ConfigError>, field: &str, words: &str) {
+    let e = r.expect_err("configuration should be rejected");
+    assert_eq!(e.field, field, "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains(field) && msg.contains(words), "{msg}");
+}
+
+#[test]
+fn invalid_rate_is_named() {
+    let r = ProfileCorrelationLayer::builder()
+        .route("/checkout", RoutePolicy::new().sample_rate(1.5))
+        .build()
+        .map(drop);
+    assert_field(
+        r,
+        "routes[\"/checkout\"].sample_rate",
+        "between 0.0 and 1.0",
+    );
+    let r = ProfileCorrelationLayer::builder()
+        .default_policy(RoutePolicy::new().sample_rate(f64::NAN))
+        .build()
+        .map(drop);
+    assert_field(r, "default.sample_rate", "between 0.0 and 1.0");
+    assert_field(
+        build_json(r#"{"routes": {"/a": {"sample_rate": -0.1}}}"#),
+        "routes[\"/a\"].sample_rate",
+        "between 0.0 and 1.0",
+    );
+}
+
+#[test]
+fn negative_duration_is_named() {
+    assert_field(
+        build_json(r#"{"routes": {"/checkout": {"slow_after": "-300ms"}}}"#),
+        "routes[\"/checkout\"].slow_after",
+        "negative",
+    );
+    assert_field(
+        build_json(r#"{"default": {"slow_after": -5}}"#),
+        "default.slow_after",
+        "non-negative",
+    );
+}
+
+#[test]
+fn high_rate_below_baseline_is_named() {
+    let r = ProfileCorrelationLayer::builder()
+        .route("/checkout", RoutePolicy::new().high_rate_hz(10))
+        .build()
+        .map(drop);
+    assert_field(
+        r,
+        "routes[\"/checkout\"].high_rate_hz",
+        "below the profiler's baseline",
+    );
+}
+
+#[test]
+fn route_that_cannot_match_is_named() {
+    let r = ProfileCorrelationLayer::builder()
+        .route("checkout", RoutePolicy::new())
+        .build()
+        .map(drop);
+    assert_field(r, "routes[\"checkout\"]", "can never match");
+    let r = ProfileCorrelationLayer::builder()
+        .route("/cart/:id", RoutePolicy::new())
+        .build()
+        .map(drop);
+    assert_field(r, "routes[\"/cart/:id\"]", "{id}");
+    let r = ProfileCorrelationLayer::builder()
+        .disable_route("/health?verbose=1")
+        .build()
+        .map(drop);
+    assert_field(r, "disabled[0]", "query strings");
+}
+
+#[test]
+fn unknown_fields_are_rejected_by_name() {
+    let e = serde_json::from_str::<PolicyConfig>(r#"{"routes": {"/a": {"sample_rte": 0.1}}}"#)
+        .unwrap_err();
+    assert!(e.to_string().contains("sample_rte"), "{e}");
+}
