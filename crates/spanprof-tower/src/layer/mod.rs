@@ -75,9 +75,19 @@ impl Default for ProfileCorrelationLayer {
     }
 }
 
+#[cfg(feature = "tonic")]
 impl ProfileCorrelationLayer<GrpcRoute> {
     /// The layer for a gRPC server (tonic): the route is the method path
-    /// `/package.Service/Method`.
+    /// `/package.Service/Method`; server streams stay labelled for their whole life
+    /// (the response body is polled with the call's labels).
+    ///
+    /// ```
+    /// use spanprof_tower::ProfileCorrelationLayer;
+    /// let server = tonic::transport::Server::builder()
+    ///     .layer(ProfileCorrelationLayer::new_for_grpc());
+    /// // server.add_service(MyServiceServer::new(my_service)).serve(addr)
+    /// # drop(server);
+    /// ```
     pub fn new_for_grpc() -> Self {
         ProfileCorrelationLayer::new().make_route(GrpcRoute)
     }
