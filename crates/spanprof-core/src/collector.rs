@@ -5,15 +5,16 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::intern::NameId;
-use crate::profile::{Hotness, Stack};
+use crate::profile::{Hotness, SampleLabels, Stack};
 use crate::store::{IncomingLabels, IncomingSample, SpanProfileStore};
 use crate::symbolize::{AddressSymbolizer, TRUNCATED_ADDR};
 use crate::sys::ring::{FLAG_LABELLED, FLAG_TRUNCATED, RawSample};
+use crate::window::WindowInner;
 
 /// Most samples waiting for symbolization; past it samples are dropped and counted.
 pub(crate) const MAX_BACKLOG: usize = 1 << 16;
@@ -96,6 +97,7 @@ fn compact(s: &RawSample) -> Drained {
 }
 
 pub(crate) struct Collector {
+    pub(crate) windows: Arc<Mutex<Vec<Weak<WindowInner>>>>,
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -126,14 +128,17 @@ impl Collector {
                 })
                 .expect("spawn the spanprof drain thread")
         };
+        let windows: Arc<Mutex<Vec<Weak<WindowInner>>>> = Arc::default();
         let processor = {
             let shared = shared.clone();
+            let windows = windows.clone();
             std::thread::Builder::new()
                 .name("spanprof-collector".into())
-                .spawn(move || process(shared, store))
+                .spawn(move || process(shared, store, windows))
                 .expect("spawn the spanprof collector thread")
         };
         Collector {
+            windows,
             shared,
             threads: vec![drainer, processor],
         }
@@ -175,9 +180,14 @@ impl Drop for Collector {
     }
 }
 
-fn process(shared: Arc<Shared>, store: SpanProfileStore) {
+fn process(
+    shared: Arc<Shared>,
+    store: SpanProfileStore,
+    windows: Arc<Mutex<Vec<Weak<WindowInner>>>>,
+) {
     let mut symbolizer = AddressSymbolizer::new();
     let mut stacks: HashMap<Box<[u64]>, Stack> = HashMap::new();
+    let mut labels_cache: HashMap<(u64, u128, u8), Arc<SampleLabels>> = HashMap::new();
     loop {
         let batch: Vec<Drained> = {
             let mut q = shared.lock();
@@ -212,6 +222,7 @@ fn process(shared: Arc<Shared>, store: SpanProfileStore) {
             Some(s) => s.clone(),
             None => symbolizer.stack(addrs),
         });
+        feed_windows(&windows, &batch, &stacks, &mut labels_cache);
         let mut q = shared.lock();
         q.processed += batch.len() as u64;
         drop(q);
@@ -221,3 +232,50 @@ fn process(shared: Arc<Shared>, store: SpanProfileStore) {
 
 /// Symbolized stacks kept by raw addresses (cleared when larger).
 const MAX_STACK_CACHE: usize = 100_000;
+
+/// Adds a batch to every open window (full labels per sample).
+fn feed_windows(
+    windows: &Mutex<Vec<Weak<WindowInner>>>,
+    batch: &[Drained],
+    stacks: &HashMap<Box<[u64]>, Stack>,
+    labels_cache: &mut HashMap<(u64, u128, u8), Arc<SampleLabels>>,
+) {
+    let live: Vec<Arc<WindowInner>> = {
+        let mut w = windows.lock().unwrap_or_else(|e| e.into_inner());
+        w.retain(|w| w.strong_count() > 0);
+        w.iter().filter_map(Weak::upgrade).collect()
+    };
+    if live.is_empty() {
+        return;
+    }
+    if labels_cache.len() > 50_000 {
+        labels_cache.clear();
+    }
+    for d in batch {
+        let Some(stack) = stacks.get(&d.addrs) else {
+            continue;
+        };
+        let labels = d
+            .labels
+            .filter(|l| l.span_id != 0 || l.trace_id != 0 || l.route != NameId::NONE)
+            .map(|l| {
+                labels_cache
+                    .entry((l.span_id, l.trace_id, l.hot as u8))
+                    .or_insert_with(|| {
+                        Arc::new(SampleLabels {
+                            trace_id: l.trace_id,
+                            span_id: l.span_id,
+                            parent_span_id: l.parent_span_id,
+                            root_span_id: l.root_span_id,
+                            span_name: crate::intern::resolve(l.span_name),
+                            route: crate::intern::resolve(l.route),
+                            hot: l.hot,
+                        })
+                    })
+                    .clone()
+            });
+        for w in &live {
+            w.add(&labels, stack, d.weight_ns);
+        }
+    }
+}

@@ -13,6 +13,7 @@ mod slot;
 mod store;
 mod symbolize;
 mod sys;
+mod window;
 
 pub use future::{Labelled, WithSpanLabels, spawn_blocking};
 pub use hooks::{
@@ -35,6 +36,7 @@ pub use store::{
     DEFAULT_BUCKET_WIDTH, DEFAULT_BUCKETS, DEFAULT_MAX_BYTES, DEFAULT_MAX_SPANS,
     DEFAULT_MAX_STACKS, SpanProfileStore, SpanSummary, StoreConfig, StoreStats,
 };
+pub use window::{DEFAULT_WINDOW_ENTRIES, ProfileWindow};
 
 #[cfg(target_os = "linux")]
 pub use sys::HandlerAllocCounter;

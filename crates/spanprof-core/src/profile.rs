@@ -149,6 +149,30 @@ impl Profile {
         self.samples.iter().map(|s| s.cpu_ns).sum()
     }
 
+    /// The same profile with every sample's `span_id` replaced by its local root's
+    /// (Grafana's local-root scope: inner spans' samples count for their root).
+    pub fn with_local_root_ids(mut self) -> Profile {
+        let mut cache: HashMap<*const SampleLabels, Arc<SampleLabels>> = HashMap::new();
+        for s in &mut self.samples {
+            if let Some(l) = &s.labels
+                && l.root_span_id != 0
+                && l.root_span_id != l.span_id
+            {
+                let key = Arc::as_ptr(l);
+                let rooted = cache
+                    .entry(key)
+                    .or_insert_with(|| {
+                        let mut r = (**l).clone();
+                        r.span_id = r.root_span_id;
+                        Arc::new(r)
+                    })
+                    .clone();
+                s.labels = Some(rooted);
+            }
+        }
+        self
+    }
+
     /// Keeps only the samples for which `keep` returns true.
     pub fn retain(&mut self, mut keep: impl FnMut(&ProfileSample) -> bool) {
         self.samples.retain(|s| keep(s));

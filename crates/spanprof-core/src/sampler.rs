@@ -405,6 +405,26 @@ impl Profiler {
         }
     }
 
+    /// Opens a window on the samples taken from now on (see [`ProfileWindow`]), with
+    /// at most `max_entries` distinct (labels, stack) pairs per interval.
+    pub fn window(&self, max_entries: usize) -> crate::ProfileWindow {
+        let period = self.inner.store.period_ns();
+        let (window, weak) = crate::ProfileWindow::new(max_entries, period);
+        if let Some(c) = self
+            .inner
+            .collector
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            c.windows
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(weak);
+        }
+        window
+    }
+
     /// Sampler counters.
     pub fn sampler_stats(&self) -> SamplerStats {
         let mut s = sampler_stats();

@@ -290,6 +290,11 @@ impl SpanProfileStore {
         }
     }
 
+    /// The baseline period reported in profiles.
+    pub fn period_ns(&self) -> u64 {
+        self.period_ns
+    }
+
     /// Counters.
     pub fn stats(&self) -> StoreStats {
         let st = self.lock();

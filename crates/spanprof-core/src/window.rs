@@ -1,0 +1,130 @@
+//! Profile windows: every sample from the moment a window is opened, aggregated per
+//! (labels, stack) with full labels, taken interval by interval. Sinks (periodic
+//! pprof files, Pyroscope, OTLP, `/debug/spanprof/profile?seconds=N`) read these.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::SystemTime;
+
+use crate::profile::{Profile, ProfileSample, SampleLabels, Stack};
+
+/// Default bound on distinct (labels, stack) entries of one window interval.
+pub const DEFAULT_WINDOW_ENTRIES: usize = 100_000;
+
+struct Entry {
+    labels: Option<Arc<SampleLabels>>,
+    stack: Stack,
+    count: u64,
+    cpu_ns: u64,
+}
+
+struct Interval {
+    start: SystemTime,
+    entries: HashMap<(usize, usize), Entry>,
+}
+
+pub(crate) struct WindowInner {
+    interval: Mutex<Interval>,
+    max_entries: usize,
+    dropped: AtomicU64,
+    period_ns: u64,
+}
+
+/// Samples from the moment the window was opened ([`crate::Profiler::window`]),
+/// aggregated per (labels, stack); [`ProfileWindow::take`] returns them and starts a
+/// new interval. Bounded: past `max_entries` distinct (labels, stack) pairs in one
+/// interval, further new pairs are dropped and counted. Closing (dropping) the window
+/// stops the collection.
+pub struct ProfileWindow {
+    inner: Arc<WindowInner>,
+}
+
+impl std::fmt::Debug for ProfileWindow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProfileWindow")
+            .field("dropped", &self.dropped())
+            .finish()
+    }
+}
+
+impl ProfileWindow {
+    pub(crate) fn new(max_entries: usize, period_ns: u64) -> (ProfileWindow, Weak<WindowInner>) {
+        let inner = Arc::new(WindowInner {
+            interval: Mutex::new(Interval {
+                start: SystemTime::now(),
+                entries: HashMap::new(),
+            }),
+            max_entries: max_entries.max(1),
+            dropped: AtomicU64::new(0),
+            period_ns,
+        });
+        let weak = Arc::downgrade(&inner);
+        (ProfileWindow { inner }, weak)
+    }
+
+    /// The samples since the window opened or since the last `take`, as a profile
+    /// whose start and duration are those of the interval.
+    pub fn take(&self) -> Profile {
+        let now = SystemTime::now();
+        let mut g = self
+            .inner
+            .interval
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let start = std::mem::replace(&mut g.start, now);
+        let entries = std::mem::take(&mut g.entries);
+        drop(g);
+        Profile {
+            samples: entries
+                .into_values()
+                .map(|e| ProfileSample {
+                    stack: e.stack,
+                    labels: e.labels,
+                    count: e.count,
+                    cpu_ns: e.cpu_ns,
+                })
+                .collect(),
+            start,
+            duration_ns: now.duration_since(start).map_or(0, |d| d.as_nanos() as u64),
+            period_ns: self.inner.period_ns,
+        }
+    }
+
+    /// New (labels, stack) pairs dropped because an interval was full.
+    pub fn dropped(&self) -> u64 {
+        self.inner.dropped.load(Ordering::Relaxed)
+    }
+}
+
+impl WindowInner {
+    /// Adds one sample (called by the collector).
+    pub(crate) fn add(&self, labels: &Option<Arc<SampleLabels>>, stack: &Stack, weight_ns: u64) {
+        let key = (
+            labels.as_ref().map_or(0, |l| Arc::as_ptr(l) as usize),
+            Arc::as_ptr(stack) as *const () as usize,
+        );
+        let mut g = self.interval.lock().unwrap_or_else(|e| e.into_inner());
+        let full = g.entries.len() >= self.max_entries;
+        match g.entries.get_mut(&key) {
+            Some(e) => {
+                e.count += 1;
+                e.cpu_ns += weight_ns;
+            }
+            None if full => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            None => {
+                g.entries.insert(
+                    key,
+                    Entry {
+                        labels: labels.clone(),
+                        stack: stack.clone(),
+                        count: 1,
+                        cpu_ns: weight_ns,
+                    },
+                );
+            }
+        }
+    }
+}
