@@ -73,4 +73,105 @@ pub fn serial() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+pub mod receiver;
 pub mod web;
+
+/// Two threads burning CPU under span labels: class 0 hot (high rate), class 1
+/// cold (baseline). Returns the two threads' CPU time in ns and their labels.
+pub fn labelled_burn(cpu_ms: u64) -> (u64, [spanprof::SpanLabels; 2]) {
+    let labels = [
+        spanprof_bench::class_labels(0, 0, true),
+        spanprof_bench::class_labels(1, 1, false),
+    ];
+    let handles: Vec<_> = labels
+        .iter()
+        .cloned()
+        .enumerate()
+        .map(|(class, l)| {
+            std::thread::spawn(move || {
+                spanprof::register_current_thread();
+                let _g = l.enter();
+                let start = spanprof::thread_cpu_time();
+                while spanprof::thread_cpu_time() - start < std::time::Duration::from_millis(cpu_ms)
+                {
+                    spanprof_bench::BURNERS[class].1(5_000);
+                }
+                (spanprof::thread_cpu_time() - start).as_nanos() as u64
+            })
+        })
+        .collect();
+    let cpu = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    (cpu, labels)
+}
+
+/// Runs `go tool pprof` with `args`; panics with its stderr on failure.
+pub fn go_pprof(args: &[&str]) -> String {
+    let tmp = artifact_dir().join("pprof-tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let out = std::process::Command::new("go")
+        .arg("tool")
+        .arg("pprof")
+        .args(args)
+        .env("PPROF_TMPDIR", &tmp)
+        .env("HOME", &tmp)
+        .output()
+        .expect("`go` must be installed (Debian golang-go; scripts/test installs it)");
+    assert!(
+        out.status.success(),
+        "go tool pprof {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The function of the first row of `go tool pprof -top`.
+pub fn top_function(top: &str) -> String {
+    let mut rows = top
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("flat"));
+    rows.next();
+    let row = rows.next().expect("a row");
+    row.split_whitespace().skip(5).collect::<Vec<_>>().join(" ")
+}
+
+/// `Total samples = 2.51s` (or `950ms`) from a `go tool pprof -top` header, in ns.
+pub fn total_ns(top: &str) -> u64 {
+    let line = top
+        .lines()
+        .find(|l| l.contains("Total samples = "))
+        .unwrap_or_else(|| panic!("no total in {top}"));
+    let v = line.split("Total samples = ").nth(1).unwrap();
+    let v = v.split_whitespace().next().unwrap();
+    let (num, scale) = if let Some(n) = v.strip_suffix("ms") {
+        (n, 1e6)
+    } else if let Some(n) = v.strip_suffix("us") {
+        (n, 1e3)
+    } else if let Some(n) = v.strip_suffix("mins") {
+        (n, 60e9)
+    } else if let Some(n) = v.strip_suffix('s') {
+        (n, 1e9)
+    } else {
+        panic!("unit of {v}")
+    };
+    (num.parse::<f64>().unwrap() * scale) as u64
+}
+
+/// A subscriber that records every event (level and fields) into `logs`.
+pub fn capture_logs(logs: std::sync::Arc<Mutex<Vec<String>>>) -> impl tracing::Subscriber {
+    use tracing_subscriber::prelude::*;
+    struct Capture(std::sync::Arc<Mutex<Vec<String>>>);
+    struct Fields(String);
+    impl tracing::field::Visit for Fields {
+        fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+            self.0.push_str(&format!("{}={:?} ", f.name(), v));
+        }
+    }
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
+        fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+            let mut f = Fields(format!("{} ", e.metadata().level()));
+            e.record(&mut f);
+            self.0.lock().unwrap().push(f.0);
+        }
+    }
+    tracing_subscriber::registry().with(Capture(logs))
+}

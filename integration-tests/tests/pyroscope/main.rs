@@ -1,0 +1,360 @@
+//! The Pyroscope sink against a local receiver on 127.0.0.1, decoded with the push
+//! and pprof protobuf definitions; and the delivery's behaviour under faults.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine;
+use prost::Message;
+use spanprof::{Profile, Profiler};
+use spanprof_export::pyroscope::proto::push::v1::PushRequest;
+use spanprof_export::{
+    DeliveryConfig, ProfileSource, PyroscopeAuth, PyroscopeConfig, PyroscopeExporter,
+};
+use support::receiver::{Receiver, Reply};
+
+fn decode(body: &[u8]) -> (Vec<(String, String)>, spanprof::pprof::proto::Profile) {
+    let req = PushRequest::decode(body).expect("a PushRequest");
+    assert_eq!(req.series.len(), 1);
+    let s = &req.series[0];
+    let labels = s
+        .labels
+        .iter()
+        .map(|l| (l.name.clone(), l.value.clone()))
+        .collect();
+    assert_eq!(s.samples.len(), 1);
+    assert!(!s.samples[0].id.is_empty());
+    let pprof = spanprof::pprof::decode(&s.samples[0].raw_profile).expect("gzip'd pprof");
+    (labels, pprof)
+}
+
+fn string(p: &spanprof::pprof::proto::Profile, i: i64) -> &str {
+    &p.string_table[i as usize]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushes_labelled_profiles_with_auth_tenant_and_series_labels() {
+    let profiler = Profiler::builder().start().expect("profiler");
+    let receiver = Receiver::start(vec![]).await;
+    let mut cfg = PyroscopeConfig::from_lookup(|k| match k {
+        "PYROSCOPE_SERVER_ADDRESS" => Some(receiver.url()),
+        "PYROSCOPE_BASIC_AUTH_USER" => Some("alice".into()),
+        "PYROSCOPE_BASIC_AUTH_PASSWORD" => Some("s3cret".into()),
+        "PYROSCOPE_TENANT_ID" => Some("team-a".into()),
+        "OTEL_SERVICE_NAME" => Some("checkout".into()),
+        _ => None,
+    })
+    .unwrap()
+    .expect("configured from the environment");
+    cfg.tags.push(("env".into(), "test".into()));
+    cfg.interval = Duration::from_millis(500);
+    let exporter =
+        PyroscopeExporter::start(cfg, ProfileSource::profiler(&profiler, false)).unwrap();
+    let (_, labels) = tokio::task::spawn_blocking(|| support::labelled_burn(800))
+        .await
+        .unwrap();
+    let pr = profiler.clone();
+    tokio::task::spawn_blocking(move || pr.flush())
+        .await
+        .unwrap();
+    let stats = tokio::task::spawn_blocking(move || exporter.shutdown(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    profiler.stop();
+    assert!(stats.sent >= 1 && stats.dropped() == 0, "{stats:?}");
+
+    let got = receiver.received();
+    assert!(!got.is_empty());
+    let mut span_ids = std::collections::HashSet::new();
+    for r in &got {
+        assert_eq!(r.path, "/push.v1.PusherService/Push");
+        assert_eq!(r.headers["content-type"], "application/proto");
+        let basic = base64::engine::general_purpose::STANDARD.encode("alice:s3cret");
+        assert_eq!(
+            r.headers["authorization"],
+            format!("Basic {basic}").as_str()
+        );
+        assert_eq!(r.headers["x-scope-orgid"], "team-a");
+        let (series, pprof) = decode(&r.body);
+        for (k, v) in [
+            ("__name__", "process_cpu"),
+            ("service_name", "checkout"),
+            ("env", "test"),
+        ] {
+            assert!(series.contains(&(k.to_owned(), v.to_owned())), "{series:?}");
+        }
+        // Profile type process_cpu:cpu:nanoseconds:cpu:nanoseconds.
+        let types: Vec<(&str, &str)> = pprof
+            .sample_type
+            .iter()
+            .map(|t| (string(&pprof, t.r#type), string(&pprof, t.unit)))
+            .collect();
+        assert!(types.contains(&("cpu", "nanoseconds")), "{types:?}");
+        let pt = pprof.period_type.as_ref().unwrap();
+        assert_eq!(
+            (string(&pprof, pt.r#type), string(&pprof, pt.unit)),
+            ("cpu", "nanoseconds")
+        );
+        assert_eq!(pprof.period, 1_000_000_000 / 99);
+        for s in &pprof.sample {
+            for l in &s.label {
+                if string(&pprof, l.key) == "span_id" {
+                    let v = string(&pprof, l.str);
+                    assert_eq!(v.len(), 16);
+                    span_ids.insert(v.to_owned());
+                }
+                if string(&pprof, l.key) == "trace_id" {
+                    assert_eq!(string(&pprof, l.str).len(), 32);
+                }
+            }
+        }
+    }
+    for l in &labels {
+        assert!(span_ids.contains(&l.span_id_hex()), "{span_ids:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bearer_token_is_sent() {
+    let receiver = Receiver::start(vec![]).await;
+    let mut cfg = PyroscopeConfig::new(receiver.url());
+    cfg.auth = PyroscopeAuth::Bearer("tok-123".into());
+    cfg.interval = Duration::from_millis(100);
+    let exporter = PyroscopeExporter::start(cfg, synthetic_source()).unwrap();
+    let stats = tokio::task::spawn_blocking(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        exporter.shutdown(Duration::from_secs(5))
+    })
+    .await
+    .unwrap();
+    assert!(stats.sent >= 1, "{stats:?}");
+    assert_eq!(
+        receiver.received()[0].headers["authorization"],
+        "Bearer tok-123"
+    );
+}
+
+/// A source of small, numbered profiles (no profiler needed).
+fn synthetic_source() -> ProfileSource {
+    let mut n = 0u64;
+    ProfileSource::from_fn(move || {
+        n += 1;
+        let mut p = Profile::empty(10_000_000);
+        p.samples.push(spanprof::ProfileSample {
+            stack: Arc::from(vec![spanprof::Frame {
+                function: Arc::from(format!("payload_{n}")),
+                file: None,
+                line: 0,
+                address: n,
+                inlined: false,
+            }]),
+            labels: None,
+            count: 1,
+            cpu_ns: 10_000_000,
+        });
+        p
+    })
+}
+
+/// The numbers of the payloads a receiver got (`payload_<n>`), in arrival order.
+fn payload_numbers(r: &Receiver) -> Vec<u64> {
+    r.received()
+        .iter()
+        .map(|r| {
+            let (_, p) = decode(&r.body);
+            let f = p.function[0].name;
+            p.string_table[f as usize]
+                .strip_prefix("payload_")
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect()
+}
+
+fn fast_delivery(capacity: usize) -> DeliveryConfig {
+    DeliveryConfig {
+        queue_capacity: capacity,
+        max_attempts: 50,
+        base_backoff: Duration::from_millis(50),
+        max_backoff: Duration::from_millis(200),
+        request_timeout: Duration::from_millis(500),
+    }
+}
+
+/// Receiver down for a while, then up: everything queued within the bound arrives,
+/// the rest is counted as dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receiver_down_then_up() {
+    // Reserve a port, then free it: nothing listens there for now.
+    let addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let mut cfg = PyroscopeConfig::new(format!("http://{addr}"));
+    cfg.interval = Duration::from_millis(100);
+    cfg.delivery = fast_delivery(3);
+    let exporter = PyroscopeExporter::start(cfg, synthetic_source()).unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let during = exporter.stats();
+    assert_eq!(during.sent, 0);
+    assert!(during.retried > 0, "{during:?}");
+    assert!(during.dropped_queue_full > 0, "{during:?}");
+    let receiver = Receiver::start_on(addr, vec![]).await;
+    let stats = tokio::task::spawn_blocking(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        exporter.shutdown(Duration::from_secs(5))
+    })
+    .await
+    .unwrap();
+    let got = payload_numbers(&receiver);
+    assert_eq!(stats.sent as usize, got.len(), "{stats:?}");
+    assert_eq!(
+        stats.queued,
+        stats.sent + stats.dropped_shutdown + stats.dropped_retries_exhausted
+    );
+    // The payloads that waited out the outage arrived: the first ones made.
+    assert!(got.contains(&1), "{got:?}");
+    assert!(stats.dropped_queue_full >= during.dropped_queue_full);
+}
+
+/// 500 then 200: retried, then delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_errors_are_retried() {
+    let receiver =
+        Receiver::start(vec![Reply::Status(500, "busy"), Reply::Status(503, "busy")]).await;
+    let mut cfg = PyroscopeConfig::new(receiver.url());
+    cfg.interval = Duration::from_millis(100);
+    cfg.delivery = fast_delivery(8);
+    let exporter = PyroscopeExporter::start(cfg, synthetic_source()).unwrap();
+    let stats = tokio::task::spawn_blocking(move || {
+        std::thread::sleep(Duration::from_millis(600));
+        exporter.shutdown(Duration::from_secs(5))
+    })
+    .await
+    .unwrap();
+    assert!(stats.retried >= 2, "{stats:?}");
+    assert_eq!(stats.dropped(), 0, "{stats:?}");
+    let got = payload_numbers(&receiver);
+    // Payload 1 was sent three times (500, 503, 200).
+    assert_eq!(got.iter().filter(|n| **n == 1).count(), 3, "{got:?}");
+}
+
+/// 400: not retried, counted, logged once with the server's message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_errors_are_not_retried_and_logged() {
+    // The sender logs from its own thread: capture process-wide.
+    let logs = Arc::new(Mutex::new(Vec::<String>::new()));
+    tracing::subscriber::set_global_default(support::capture_logs(logs.clone()))
+        .expect("no other subscriber in this test binary");
+    let receiver = Receiver::start(vec![
+        Reply::Status(400, "invalid profile: bad labels"),
+        Reply::Status(400, "invalid profile: bad labels"),
+    ])
+    .await;
+    let mut cfg = PyroscopeConfig::new(receiver.url());
+    cfg.interval = Duration::from_millis(100);
+    cfg.delivery = fast_delivery(8);
+    let exporter = PyroscopeExporter::start(cfg, synthetic_source()).unwrap();
+    let stats = tokio::task::spawn_blocking(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        exporter.shutdown(Duration::from_secs(5))
+    })
+    .await
+    .unwrap();
+    assert_eq!(stats.dropped_rejected, 2, "{stats:?}");
+    assert_eq!(stats.retried, 0, "{stats:?}");
+    let got = payload_numbers(&receiver);
+    assert_eq!(
+        &got[..2],
+        &[1, 2],
+        "each rejected payload was sent once: {got:?}"
+    );
+    let logs = logs.lock().unwrap();
+    let rejected: Vec<_> = logs.iter().filter(|l| l.contains("bad labels")).collect();
+    assert_eq!(rejected.len(), 1, "logged once: {logs:?}");
+    assert!(rejected[0].contains("400"), "{rejected:?}");
+}
+
+/// A receiver that never answers: sends time out and are retried, then dropped and
+/// counted; enqueueing never waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_receiver_times_out_and_drops() {
+    let receiver = Receiver::start(vec![Reply::Stall; 100]).await;
+    let mut cfg = PyroscopeConfig::new(receiver.url());
+    cfg.interval = Duration::from_millis(100);
+    cfg.delivery = DeliveryConfig {
+        queue_capacity: 2,
+        max_attempts: 2,
+        base_backoff: Duration::from_millis(20),
+        max_backoff: Duration::from_millis(50),
+        request_timeout: Duration::from_millis(150),
+    };
+    let exporter = PyroscopeExporter::start(cfg, synthetic_source()).unwrap();
+    let stats = tokio::task::spawn_blocking(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        exporter.shutdown(Duration::from_millis(100))
+    })
+    .await
+    .unwrap();
+    assert_eq!(stats.sent, 0);
+    assert!(
+        stats.retried >= 1 && stats.dropped_retries_exhausted >= 1,
+        "{stats:?}"
+    );
+    assert!(stats.dropped_queue_full >= 1, "{stats:?}");
+    assert_eq!(
+        stats.queued,
+        stats.dropped_retries_exhausted + stats.dropped_shutdown + stats.dropped_rejected,
+        "{stats:?}"
+    );
+}
+
+/// Shutdown with a pending queue flushes it within its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_flushes_pending_queue() {
+    // The receiver is slow (300 ms a request) so payloads pile up.
+    let receiver = Receiver::start(vec![Reply::Slow(Duration::from_millis(300)); 100]).await;
+    let mut cfg = PyroscopeConfig::new(receiver.url());
+    cfg.interval = Duration::from_millis(100);
+    cfg.delivery = fast_delivery(16);
+    let exporter = PyroscopeExporter::start(cfg, synthetic_source()).unwrap();
+    let stats = tokio::task::spawn_blocking(move || {
+        std::thread::sleep(Duration::from_millis(1000));
+        let before = exporter.stats();
+        assert!(before.pending >= 3, "a queue to flush: {before:?}");
+        exporter.shutdown(Duration::from_secs(10))
+    })
+    .await
+    .unwrap();
+    assert_eq!(stats.dropped_shutdown, 0, "{stats:?}");
+    assert_eq!(stats.sent, stats.queued, "{stats:?}");
+    assert_eq!(receiver.received().len() as u64, stats.sent);
+}
+
+#[test]
+fn environment_errors_name_the_variable() {
+    let e = PyroscopeConfig::from_lookup(|k| match k {
+        "PYROSCOPE_SERVER_ADDRESS" => Some("pyroscope:4040".into()),
+        _ => None,
+    })
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("`server`") && e.to_string().contains("http://"),
+        "{e}"
+    );
+    let e = PyroscopeConfig::from_lookup(|k| match k {
+        "PYROSCOPE_SERVER_ADDRESS" => Some("http://pyroscope:4040".into()),
+        "PYROSCOPE_BASIC_AUTH_USER" => Some("alice".into()),
+        _ => None,
+    })
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("PYROSCOPE_BASIC_AUTH_PASSWORD"),
+        "{e}"
+    );
+    assert!(PyroscopeConfig::from_lookup(|_| None).unwrap().is_none());
+}

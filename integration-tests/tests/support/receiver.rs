@@ -1,0 +1,124 @@
+//! A recording HTTP receiver on 127.0.0.1 for the sink tests: it keeps every request
+//! (path, headers, body) and answers with scripted statuses.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+
+/// One received request.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub path: String,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+}
+
+/// What the receiver answers.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    Status(u16, &'static str),
+    /// Never answer (the sender must time out).
+    Stall,
+    /// Answer 200 after a delay.
+    Slow(Duration),
+}
+
+#[derive(Default)]
+struct State {
+    received: Vec<Received>,
+    script: VecDeque<Reply>,
+}
+
+/// A running receiver.
+#[derive(Clone)]
+pub struct Receiver {
+    state: Arc<Mutex<State>>,
+    pub addr: SocketAddr,
+}
+
+impl Receiver {
+    /// Starts on `addr` (port 0: any) on the current tokio runtime. Once the script
+    /// runs out it answers 200.
+    pub async fn start_on(addr: SocketAddr, script: Vec<Reply>) -> Receiver {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .expect("bind receiver");
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(Mutex::new(State {
+            received: Vec::new(),
+            script: script.into(),
+        }));
+        let st = state.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((io, _)) = listener.accept().await else {
+                    return;
+                };
+                let st = st.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req: http::Request<Incoming>| {
+                        let st = st.clone();
+                        async move {
+                            let (parts, body) = req.into_parts();
+                            let body = body
+                                .collect()
+                                .await
+                                .map(|b| b.to_bytes())
+                                .unwrap_or_default();
+                            let reply = {
+                                let mut s = st.lock().unwrap();
+                                s.received.push(Received {
+                                    path: parts.uri.path().to_owned(),
+                                    headers: parts.headers,
+                                    body,
+                                });
+                                s.script.pop_front().unwrap_or(Reply::Status(200, ""))
+                            };
+                            let (status, text) = match reply {
+                                Reply::Status(s, t) => (s, t),
+                                Reply::Stall => {
+                                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                                    (200, "")
+                                }
+                                Reply::Slow(d) => {
+                                    tokio::time::sleep(d).await;
+                                    (200, "")
+                                }
+                            };
+                            Ok::<_, std::convert::Infallible>(
+                                http::Response::builder()
+                                    .status(status)
+                                    .body(Full::new(Bytes::from_static(text.as_bytes())))
+                                    .unwrap(),
+                            )
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(io), svc)
+                        .await;
+                });
+            }
+        });
+        Receiver { state, addr }
+    }
+
+    /// Starts on any free port.
+    pub async fn start(script: Vec<Reply>) -> Receiver {
+        Receiver::start_on("127.0.0.1:0".parse().unwrap(), script).await
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.state.lock().unwrap().received.clone()
+    }
+}
