@@ -1,0 +1,188 @@
+//! The OTLP profiles sink (experimental) against local receivers on 127.0.0.1 — HTTP
+//! and gRPC — decoded with `opentelemetry-proto`'s types: each sample's link
+//! resolves to the trace and span whose function it sampled.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_server::{
+    ProfilesService, ProfilesServiceServer,
+};
+use opentelemetry_proto::tonic::collector::profiles::v1development::{
+    ExportProfilesServiceRequest, ExportProfilesServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value;
+use prost::Message;
+use spanprof::{Profiler, SpanLabels};
+use spanprof_export::{OtlpProfilesConfig, OtlpProfilesExporter, OtlpProtocol, ProfileSource};
+use support::receiver::Receiver;
+
+/// Checks one request: resource, profile type, and that every linked sample's leaf
+/// function is the class function of the span its link names. Returns the CPU time
+/// (ns) of the linked class samples.
+fn check(req: &ExportProfilesServiceRequest, labels: &[SpanLabels; 2]) -> i64 {
+    let dict = req.dictionary.as_ref().expect("dictionary");
+    let s = |i: i32| dict.string_table[i as usize].as_str();
+    assert_eq!(s(0), "", "string 0 is empty");
+    let rp = &req.resource_profiles[0];
+    let service = rp
+        .resource
+        .as_ref()
+        .unwrap()
+        .attributes
+        .iter()
+        .find(|kv| kv.key == "service.name");
+    assert!(matches!(
+        service.and_then(|kv| kv.value.as_ref()).and_then(|v| v.value.as_ref()),
+        Some(any_value::Value::StringValue(name)) if name == "checkout"
+    ));
+    let profile = &rp.scope_profiles[0].profiles[0];
+    let st = profile.sample_type.as_ref().unwrap();
+    assert_eq!(
+        (s(st.type_strindex), s(st.unit_strindex)),
+        ("cpu", "nanoseconds")
+    );
+    assert!(profile.period > 0);
+    let mut linked = 0;
+    for sample in &profile.samples {
+        if sample.link_index == 0 {
+            continue;
+        }
+        let link = &dict.link_table[sample.link_index as usize];
+        let trace = u128::from_be_bytes(link.trace_id.clone().try_into().unwrap());
+        let span = u64::from_be_bytes(link.span_id.clone().try_into().unwrap());
+        let stack = &dict.stack_table[sample.stack_index as usize];
+        let leaf = &dict.location_table[stack.location_indices[0] as usize];
+        let f = &dict.function_table[leaf.lines[0].function_index as usize];
+        let name = s(f.name_strindex);
+        let class = labels
+            .iter()
+            .position(|l| l.span_id() == span)
+            .unwrap_or_else(|| panic!("link to unknown span {span:016x}"));
+        assert_eq!(trace, labels[class].trace_id());
+        if name.contains("burn_class_") {
+            assert!(
+                name.ends_with(&format!("burn_class_{class}")),
+                "{name} linked to span of class {class}"
+            );
+            linked += sample.values[0];
+        }
+        assert!(sample.values[0] > 0);
+    }
+    linked
+}
+
+fn run_exporter(endpoint: String, protocol: OtlpProtocol) -> [SpanLabels; 2] {
+    let profiler = Profiler::builder().start().expect("profiler");
+    let mut cfg = OtlpProfilesConfig::new(endpoint, protocol);
+    cfg.service_name = "checkout".into();
+    cfg.interval = Duration::from_millis(300);
+    let exporter =
+        OtlpProfilesExporter::start(cfg, ProfileSource::profiler(&profiler, true)).unwrap();
+    let (_, labels) = support::labelled_burn(600);
+    profiler.flush();
+    let stats = exporter.shutdown(Duration::from_secs(5));
+    profiler.stop();
+    assert!(stats.sent >= 1 && stats.dropped() == 0, "{stats:?}");
+    labels
+}
+
+#[test]
+fn http_profiles_link_samples_to_spans() {
+    let _serial = support::serial();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let receiver = rt.block_on(Receiver::start(vec![]));
+    // The endpoint from the standard variables.
+    let cfg = OtlpProfilesConfig::from_lookup(|k| match k {
+        "OTEL_EXPORTER_OTLP_ENDPOINT" => Some(receiver.url()),
+        _ => None,
+    })
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        cfg.endpoint,
+        format!("{}/v1development/profiles", receiver.url())
+    );
+    let labels = run_exporter(cfg.endpoint, OtlpProtocol::HttpProtobuf);
+    let got = receiver.received();
+    assert!(!got.is_empty());
+    let mut linked = 0i64;
+    for r in &got {
+        assert_eq!(r.path, "/v1development/profiles");
+        assert_eq!(r.headers["content-type"], "application/x-protobuf");
+        let req = ExportProfilesServiceRequest::decode(r.body.as_ref()).expect("OTLP profiles");
+        linked += check(&req, &labels);
+    }
+    // Two threads burned 600 ms of CPU each.
+    assert!(
+        linked >= 1_000_000_000,
+        "{linked} ns of linked class samples"
+    );
+}
+
+#[derive(Default, Clone)]
+struct Collector(Arc<Mutex<Vec<ExportProfilesServiceRequest>>>);
+
+#[tonic::async_trait]
+impl ProfilesService for Collector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportProfilesServiceRequest>,
+    ) -> Result<tonic::Response<ExportProfilesServiceResponse>, tonic::Status> {
+        self.0.lock().unwrap().push(request.into_inner());
+        Ok(tonic::Response::new(
+            ExportProfilesServiceResponse::default(),
+        ))
+    }
+}
+
+#[test]
+fn grpc_profiles_link_samples_to_spans() {
+    let _serial = support::serial();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let collector = Collector::default();
+    let addr = rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let svc = ProfilesServiceServer::new(collector.clone());
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await
+                .unwrap()
+        });
+        addr
+    });
+    let cfg = OtlpProfilesConfig::from_lookup(|k| match k {
+        "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT" => Some(format!("http://{addr}")),
+        "OTEL_EXPORTER_OTLP_PROTOCOL" => Some("grpc".into()),
+        _ => None,
+    })
+    .unwrap()
+    .unwrap();
+    assert_eq!(cfg.protocol, OtlpProtocol::Grpc);
+    let labels = run_exporter(cfg.endpoint, OtlpProtocol::Grpc);
+    let got = collector.0.lock().unwrap().clone();
+    assert!(!got.is_empty());
+    let linked: i64 = got.iter().map(|r| check(r, &labels)).sum();
+    assert!(
+        linked >= 1_000_000_000,
+        "{linked} ns of linked class samples"
+    );
+    drop(rt);
+}
+
+#[test]
+fn protocol_errors_name_the_variable() {
+    let e = OtlpProfilesConfig::from_lookup(|k| match k {
+        "OTEL_EXPORTER_OTLP_ENDPOINT" => Some("http://collector:4318".into()),
+        "OTEL_EXPORTER_OTLP_PROTOCOL" => Some("http/json".into()),
+        _ => None,
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("OTEL_EXPORTER_OTLP_PROTOCOL"), "{e}");
+}
