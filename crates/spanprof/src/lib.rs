@@ -13,3 +13,10 @@ pub mod tower {
 pub use spanprof_tower::{
     ProfileCorrelationLayer, ProfileScope, RoutePolicy, SpanProfileLayer, SpanProfileProcessor,
 };
+
+/// Sinks: periodic pprof files, `/debug/spanprof/profile`, Grafana Pyroscope push and
+/// OTLP profiles, with delivery that survives outages.
+#[cfg(feature = "export")]
+pub mod export {
+    pub use spanprof_export::*;
+}
