@@ -36,7 +36,8 @@ async fn round(url: &str, secs: f64, concurrency: usize) -> Vec<Duration> {
     for _ in 0..concurrency {
         let url = url.to_owned();
         tasks.push(tokio::spawn(async move {
-            let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+            let client: Client<_, Empty<Bytes>> =
+                Client::builder(TokioExecutor::new()).build_http();
             let mut lat = Vec::new();
             while Instant::now() < end {
                 let t = Instant::now();
@@ -61,11 +62,20 @@ fn median(v: &mut [f64]) -> f64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
     let rounds: usize = arg("--rounds").map_or(6, |s| s.parse().expect("--rounds N"));
     let secs: f64 = arg("--round-secs").map_or(2.0, |s| s.parse().expect("--round-secs S"));
     let profiler = spanprof::Profiler::builder().start().expect("profiler");
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let (url, stall_addr) = rt.block_on(async {
         let layer = ProfileCorrelationLayer::builder()
             .default_policy(RoutePolicy::new().sample_rate(0.1))
