@@ -405,7 +405,7 @@ impl Profiler {
         }
     }
 
-    /// Opens a window on the samples taken from now on (see [`ProfileWindow`]), with
+    /// Opens a window on the samples taken from now on (see [`crate::ProfileWindow`]), with
     /// at most `max_entries` distinct (labels, stack) pairs per interval.
     pub fn window(&self, max_entries: usize) -> crate::ProfileWindow {
         let period = self.inner.store.period_ns();
