@@ -12,7 +12,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 pub use delivery::{Delivery, DeliveryConfig, DeliveryStats, SendError, Transport};
-pub use files::{PprofFileConfig, PprofFileExporter};
+pub use files::{
+    DEFAULT_FILE_INTERVAL, DEFAULT_MAX_FILES, PprofFileConfig, PprofFileExporter, write_one,
+};
 pub use http_debug::{DEBUG_PROFILE_PATH, debug_router};
 pub use otlp::{OtlpProfilesConfig, OtlpProfilesExporter, OtlpProtocol};
 pub use pyroscope::{PyroscopeAuth, PyroscopeConfig, PyroscopeExporter};
