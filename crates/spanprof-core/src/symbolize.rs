@@ -20,6 +20,48 @@ pub(crate) struct AddressSymbolizer {
     symbolizer: Symbolizer,
     cache: HashMap<u64, Arc<[Frame]>>,
     names: HashMap<String, Arc<str>>,
+    /// Executable mappings of this process (start, end, file name), for naming
+    /// addresses no symbol covers (`[libc.so.6]`).
+    modules: Vec<(u64, u64, String)>,
+}
+
+/// Executable file mappings of this process from `/proc/self/maps`.
+fn read_modules() -> Vec<(u64, u64, String)> {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return Vec::new();
+    };
+    maps.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let range = f.next()?;
+            let perms = f.next()?;
+            let path = f.nth(3)?;
+            if !perms.contains('x') {
+                return None;
+            }
+            let (a, b) = range.split_once('-')?;
+            let name = path.rsplit('/').next().unwrap_or(path).to_owned();
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+                name,
+            ))
+        })
+        .collect()
+}
+
+/// `[module]` for an address in a mapped file, else its hex address.
+fn unknown_name(modules: &mut Vec<(u64, u64, String)>, addr: u64) -> String {
+    let find = |m: &Vec<(u64, u64, String)>| {
+        m.iter()
+            .find(|(a, b, _)| (*a..*b).contains(&addr))
+            .map(|(_, _, n)| format!("[{n}]"))
+    };
+    if let Some(n) = find(modules) {
+        return n;
+    }
+    *modules = read_modules();
+    find(modules).unwrap_or_else(|| format!("0x{addr:x}"))
 }
 
 impl AddressSymbolizer {
@@ -32,6 +74,7 @@ impl AddressSymbolizer {
                 .build(),
             cache: HashMap::new(),
             names: HashMap::new(),
+            modules: Vec::new(),
         }
     }
 
@@ -85,6 +128,7 @@ impl AddressSymbolizer {
         let results = self.symbolizer.symbolize(&src, Input::AbsAddr(&missing));
         let names = &mut self.names;
         let cache = &mut self.cache;
+        let modules = &mut self.modules;
         match results {
             Ok(results) => {
                 for (addr, sym) in missing.iter().zip(results) {
@@ -119,7 +163,9 @@ impl AddressSymbolizer {
                             });
                             frames.into()
                         }
-                        Symbolized::Unknown(_) => synthetic(names, &format!("0x{addr:x}"), *addr),
+                        Symbolized::Unknown(_) => {
+                            synthetic(names, &unknown_name(modules, *addr), *addr)
+                        }
                     };
                     cache.insert(*addr, frames);
                 }
@@ -134,7 +180,7 @@ impl AddressSymbolizer {
             Err(e) => {
                 tracing::debug!(error = %e, "spanprof: symbolization failed");
                 for addr in missing {
-                    let f = synthetic(names, &format!("0x{addr:x}"), addr);
+                    let f = synthetic(names, &unknown_name(modules, addr), addr);
                     cache.insert(addr, f);
                 }
             }

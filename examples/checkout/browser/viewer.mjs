@@ -1,0 +1,47 @@
+// The viewer in headless Chromium (Debian's, driven by playwright-core): open the
+// viewer, pick the slowest POST /checkout trace, pick its checkout span, and check the
+// flamegraph shows the code that made it slow. Saves a screenshot.
+//
+// node viewer.mjs <viewer url> <screenshot.png>
+import { chromium } from 'playwright-core';
+
+const [url, shot] = process.argv.slice(2);
+if (!url || !shot) {
+  console.error('usage: node viewer.mjs <viewer url> <screenshot.png>');
+  process.exit(2);
+}
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+});
+let failed = null;
+const page = await browser.newPage({ viewport: { width: 1600, height: 1000 } });
+try {
+  await page.goto(url);
+  await page.fill('#route-filter', 'POST /checkout');
+  const first = page.locator('tr.trace-row').first();
+  await first.waitFor({ timeout: 15000 });
+  await page.waitForTimeout(300);
+  await page.locator('tr.trace-row').first().click();
+  const span = page.locator('.span-row[data-name="POST /checkout"]').first();
+  await span.waitFor({ timeout: 15000 });
+  await span.click();
+  const svg = page.frameLocator('#flame').locator('svg').first();
+  await svg.waitFor({ timeout: 20000 });
+  const content = await svg.innerHTML();
+  await page.locator('#top tbody tr').first().waitFor({ timeout: 15000 });
+  if (!/check_price_rules|CartSerializer::to_json/.test(content)) {
+    failed = 'the flamegraph does not show check_price_rules or CartSerializer::to_json';
+  }
+} catch (e) {
+  failed = String(e);
+} finally {
+  await page.screenshot({ path: shot, fullPage: true });
+  await browser.close();
+}
+if (failed) {
+  console.error(failed);
+  process.exit(1);
+}
+console.log('viewer ok: flamegraph of the slowest checkout shows its code; screenshot ' + shot);

@@ -1,0 +1,117 @@
+//! End to end: the example on loopback ports under its own load; through the
+//! viewer's JSON API, a slow `POST /checkout` trace whose span profile shows the code
+//! that made it slow, with the inventory call as a child span from the other service;
+//! then the viewer in headless Chromium.
+
+use std::time::Duration;
+
+use checkout::{ShopConfig, load, telemetry};
+use serde_json::Value;
+use spanprof::Profiler;
+use spanprof_viewer::RecentSpans;
+
+async fn get_json(url: &str) -> Value {
+    use http_body_util::{BodyExt, Empty};
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Empty<bytes::Bytes>>();
+    let resp = client.get(url.parse().unwrap()).await.expect("GET");
+    assert!(resp.status().is_success(), "{url}: {}", resp.status());
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    serde_json::from_slice(&body).expect("JSON")
+}
+
+#[test]
+fn slow_checkout_shows_its_code_in_the_api_and_the_browser() {
+    let profiler = Profiler::builder().start().expect("profiler");
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    spanprof::install_runtime_hooks(&mut builder);
+    let rt = builder.worker_threads(2).enable_all().build().unwrap();
+    let shop = rt.block_on(async {
+        let spans = RecentSpans::new(1000);
+        telemetry::init(&spans, "checkout", false);
+        let cfg = ShopConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+        };
+        checkout::start(&cfg, profiler.clone(), spans)
+            .await
+            .expect("start")
+    });
+    let report = rt.block_on(load::run(
+        &format!("http://{}", shop.api),
+        Duration::from_secs(10),
+        4,
+        false,
+    ));
+    assert!(report.requests > 50 && report.large_carts > 0, "{report:?}");
+    assert_eq!(report.errors, 0, "{report:?}");
+    profiler.flush();
+    let base = format!("http://{}/debug/spanprof", shop.api);
+
+    rt.block_on(async {
+        let traces = get_json(&format!("{base}/api/traces?route=POST%20/checkout&limit=20")).await;
+        let traces = traces.as_array().unwrap();
+        assert!(!traces.is_empty());
+        let slowest = &traces[0];
+        assert_eq!(slowest["root"], "POST /checkout");
+        let durations: Vec<u64> = traces.iter().map(|t| t["duration_ns"].as_u64().unwrap()).collect();
+        assert!(durations.windows(2).all(|w| w[0] >= w[1]), "slowest first: {durations:?}");
+        assert_eq!(slowest["hot"], "slow", "the slowest checkout was promoted: {slowest}");
+        let trace_id = slowest["trace_id"].as_str().unwrap();
+        let root_id = slowest["root_span_id"].as_str().unwrap();
+
+        // Its profile: the code that made it slow among its top functions.
+        let top = get_json(&format!("{base}/api/spans/{root_id}/top?by=total&n=15")).await;
+        let names: Vec<&str> = top["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["function"].as_str().unwrap())
+            .collect();
+        assert!(
+            names.iter().any(|f| f.ends_with("check_price_rules") || f.ends_with("CartSerializer::to_json")),
+            "top functions of the slow checkout: {names:?}"
+        );
+
+        // The inventory call is a child span from the other service, same trace.
+        let trace = get_json(&format!("{base}/api/traces/{trace_id}")).await;
+        let spans = trace["spans"].as_array().unwrap();
+        let by_id = |id: &str| spans.iter().find(|s| s["span_id"] == id);
+        let inventory = spans
+            .iter()
+            .find(|s| s["service"] == "inventory")
+            .unwrap_or_else(|| panic!("no inventory span in {trace}"));
+        assert_eq!(inventory["name"], "POST /inventory.Inventory/Reserve");
+        let mut cur = inventory.clone();
+        let mut hops = 0;
+        while cur["span_id"] != root_id {
+            let parent = cur["parent_span_id"].as_str().unwrap();
+            cur = by_id(parent).unwrap_or_else(|| panic!("broken parent chain at {cur}")).clone();
+            hops += 1;
+            assert!(hops < 10);
+        }
+        assert!(spans.iter().any(|s| s["service"] == "payments"), "payments span in the trace");
+    });
+
+    // The viewer in headless Chromium.
+    let browser_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("browser");
+    let artifacts =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/test-artifacts");
+    std::fs::create_dir_all(&artifacts).unwrap();
+    let shot = artifacts.join("viewer.png");
+    let out = std::process::Command::new("node")
+        .arg(browser_dir.join("viewer.mjs"))
+        .arg(format!("{base}/"))
+        .arg(&shot)
+        .current_dir(&browser_dir)
+        .output()
+        .expect("node must be installed; scripts/test installs playwright-core and chromium");
+    assert!(
+        out.status.success(),
+        "browser test failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(shot.exists());
+    drop(rt);
+    profiler.stop();
+}
