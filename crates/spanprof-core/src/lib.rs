@@ -62,3 +62,17 @@ pub fn thread_cpu_time() -> std::time::Duration {
 pub fn process_cpu_time() -> std::time::Duration {
     sys::process_cpu_time()
 }
+
+/// The calling thread's kernel thread id (`gettid`).
+pub fn current_tid() -> i32 {
+    sys::current_tid()
+}
+
+/// Sends spanprof's profiling signal (`SIGPROF`) to thread `tid` of this process. The
+/// handler ignores signals it did not arm; tests use this to interrupt system calls
+/// on purpose. Returns whether the signal was sent.
+#[doc(hidden)]
+#[cfg(target_os = "linux")]
+pub fn send_profiling_signal_for_test(tid: i32) -> bool {
+    sys::signal_thread(tid)
+}

@@ -175,3 +175,12 @@ pub fn capture_logs(logs: std::sync::Arc<Mutex<Vec<String>>>) -> impl tracing::S
     }
     tracing_subscriber::registry().with(Capture(logs))
 }
+
+/// What each open file descriptor points at (for failure messages).
+pub fn fd_targets() -> Vec<String> {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("read /proc/self/fd")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .map(|t| t.to_string_lossy().into_owned())
+        .collect()
+}

@@ -72,3 +72,18 @@ pub(crate) fn process_cpu_time() -> std::time::Duration {
     unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
     std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
+
+/// The calling thread's kernel thread id.
+pub(crate) fn current_tid() -> i32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() }
+}
+
+/// Sends the profiling signal to thread `tid` of this process (as `kill` would: the
+/// handler ignores it, `SI_TKILL`), for tests of how system calls fare when the
+/// signal interrupts them.
+#[cfg(target_os = "linux")]
+pub(crate) fn signal_thread(tid: i32) -> bool {
+    // SAFETY: tgkill only sends a signal; a wrong tid yields ESRCH, nothing unsafe.
+    unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, libc::SIGPROF) == 0 }
+}
