@@ -55,7 +55,15 @@ fn slow_checkout_shows_its_code_in_the_api_and_the_browser() {
         assert_eq!(slowest["root"], "POST /checkout");
         let durations: Vec<u64> = traces.iter().map(|t| t["duration_ns"].as_u64().unwrap()).collect();
         assert!(durations.windows(2).all(|w| w[0] >= w[1]), "slowest first: {durations:?}");
-        assert_eq!(slowest["hot"], "slow", "the slowest checkout was promoted: {slowest}");
+        // Profiled at the high rate: promoted for being slow, or picked by the 10 % rate.
+        assert!(
+            slowest["hot"] == "slow" || slowest["hot"] == "sampled",
+            "the slowest checkout was profiled at the high rate: {slowest}"
+        );
+        assert!(
+            traces.iter().any(|t| t["hot"] == "slow"),
+            "some checkout was promoted for being slow"
+        );
         let trace_id = slowest["trace_id"].as_str().unwrap();
         let root_id = slowest["root_span_id"].as_str().unwrap();
 

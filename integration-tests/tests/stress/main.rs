@@ -45,6 +45,14 @@ fn churn(shared: Arc<Mutex<Vec<u64>>>, id: u64, until: Instant) {
 
 #[test]
 fn stress_threads_come_and_go_under_max_rate() {
+    // tokio creates a process-wide socket pair for its signal driver with the first
+    // runtime and keeps it: make it exist before counting.
+    drop(
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap(),
+    );
     let fds_before = open_fds();
     let targets_before = support::fd_targets();
     let timers_before = posix_timers();

@@ -1,0 +1,201 @@
+//! Capture and overhead against the sampling rate: a busy 2-thread workload (all of
+//! it hot), at 99, 250, 1000, 2000 and 4000 Hz, each run side by side with the same
+//! workload unprofiled. Prints one JSON object; with `--plot FILE.png` also draws
+//! overhead (throughput ratio) and capture against the rate, adding the pprof-rs
+//! figures of `benches/anchors/pprof-capture` when given `--anchor FILE.json`.
+//!
+//! `cargo run --release -p spanprof-bench --bin rate_sweep -- --json [--plot docs/overhead-vs-rate.png] [--anchor pprof.json]`
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use spanprof::{Hotness, SpanLabels};
+use spanprof_bench::{BURNERS, print_json};
+
+const RATES: &[u32] = &[99, 250, 1000, 2000, 4000];
+
+/// Runs 2 busy threads for `secs`; returns (iterations per CPU-second, samples per
+/// CPU-second per thread).
+fn run(secs: f64, profiled: bool) -> (f64, f64) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles: Vec<_> = (0..2u64)
+        .map(|t| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                if profiled {
+                    spanprof::register_current_thread();
+                }
+                let l = SpanLabels::builder()
+                    .span_id(t + 1)
+                    .span_name("sweep")
+                    .hot(Hotness::Sampled)
+                    .build();
+                let _g = profiled.then(|| l.enter());
+                let cpu0 = spanprof::thread_cpu_time();
+                let mut iters = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    BURNERS[t as usize].1(1_000);
+                    iters += 1;
+                }
+                let cpu = (spanprof::thread_cpu_time() - cpu0).as_secs_f64();
+                spanprof::deregister_current_thread();
+                (iters as f64, cpu, l.cpu_samples() as f64)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    stop.store(true, Ordering::Relaxed);
+    let (mut iters, mut cpu, mut samples) = (0.0, 0.0, 0.0);
+    for h in handles {
+        let (i, c, s) = h.join().unwrap();
+        iters += i;
+        cpu += c;
+        samples += s;
+    }
+    (iters / cpu, samples / cpu)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let secs: f64 = arg("--seconds").map_or(3.0, |s| s.parse().expect("--seconds S"));
+    let rounds: usize = arg("--rounds").map_or(3, |s| s.parse().expect("--rounds N"));
+    let counter = AtomicU64::new(0);
+    let mut rows = Vec::new();
+    for &hz in RATES {
+        let (mut ratios, mut captures) = (Vec::new(), Vec::new());
+        let mut mechanism = String::new();
+        for _ in 0..rounds {
+            let (bare, _) = run(secs, false);
+            let p = spanprof::Profiler::builder()
+                .baseline_hz(hz.min(99))
+                .high_hz(hz)
+                .start()
+                .expect("profiler");
+            mechanism = p.capabilities().mechanism.as_str().to_owned();
+            let (with, per_cpu_s) = run(secs, true);
+            p.stop();
+            ratios.push(with / bare);
+            captures.push(per_cpu_s);
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        ratios.sort_by(|a, b| a.total_cmp(b));
+        captures.sort_by(|a, b| a.total_cmp(b));
+        let (ratio, capture) = (ratios[ratios.len() / 2], captures[captures.len() / 2]);
+        eprintln!(
+            "{hz:>5} Hz: throughput ratio {ratio:.4}, {capture:.0} samples per CPU-second ({mechanism})"
+        );
+        rows.push(serde_json::json!({
+            "requested_hz": hz, "throughput_ratio": ratio,
+            "throughput_ratio_min_max": [ratios[0], ratios[ratios.len() - 1]],
+            "samples_per_cpu_second": capture, "capture_ratio": capture / f64::from(hz),
+            "mechanism": mechanism,
+        }));
+    }
+    if let Some(path) = arg("--plot") {
+        let anchor: Option<serde_json::Value> = arg("--anchor")
+            .and_then(|f| std::fs::read_to_string(f).ok())
+            .and_then(|s| serde_json::from_str(s.lines().last()?).ok());
+        match plot::draw(&path, &rows, anchor.as_ref()) {
+            Ok(()) => eprintln!("plot: {path}"),
+            Err(e) => eprintln!("plot not drawn: {e}"),
+        }
+    }
+    print_json(serde_json::json!({ "seconds_per_run": secs, "rounds": rounds, "rates": rows }));
+}
+
+mod plot {
+    use plotters::prelude::*;
+
+    fn series(rows: &[serde_json::Value], key: &str) -> Vec<(f64, f64)> {
+        rows.iter()
+            .filter_map(|r| Some((r["requested_hz"].as_f64()?, r[key].as_f64()?)))
+            .collect()
+    }
+
+    pub fn draw(
+        path: &str,
+        rows: &[serde_json::Value],
+        anchor: Option<&serde_json::Value>,
+    ) -> Result<(), String> {
+        let font = [
+            "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+            "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+        ]
+        .iter()
+        .find_map(|p| std::fs::read(p).ok())
+        .ok_or("no TrueType font found (install fonts-dejavu-core)")?;
+        let font: &'static [u8] = Box::leak(font.into_boxed_slice());
+        plotters::style::register_font("sans-serif", FontStyle::Normal, font)
+            .map_err(|_| "bad font")?;
+        let root = BitMapBackend::new(path, (1100, 460)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let (left, right) = root.split_horizontally(550);
+        let anchor_rows: Vec<serde_json::Value> = anchor
+            .and_then(|a| a["rates"].as_array().cloned())
+            .unwrap_or_default();
+        for (area, key, title, y) in [
+            (
+                &left,
+                "throughput_ratio",
+                "Throughput with profiling / without",
+                (0.75f64, 1.02f64),
+            ),
+            (
+                &right,
+                "capture_ratio",
+                "Samples delivered / requested (per CPU-s)",
+                (0.0, 1.1),
+            ),
+        ] {
+            let mut chart = ChartBuilder::on(area)
+                .caption(title, ("sans-serif", 18))
+                .margin(12)
+                .x_label_area_size(40)
+                .y_label_area_size(50)
+                .build_cartesian_2d((50f64..5000f64).log_scale(), y.0..y.1)
+                .map_err(|e| e.to_string())?;
+            chart
+                .configure_mesh()
+                .x_desc("requested rate (Hz, log)")
+                .label_style(("sans-serif", 13))
+                .draw()
+                .map_err(|e| e.to_string())?;
+            let ours = series(rows, key);
+            chart
+                .draw_series(LineSeries::new(ours.clone(), BLUE.stroke_width(2)))
+                .map_err(|e| e.to_string())?
+                .label("spanprof (per-thread perf events)")
+                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLUE));
+            chart
+                .draw_series(ours.iter().map(|p| Circle::new(*p, 4, BLUE.filled())))
+                .map_err(|e| e.to_string())?;
+            let theirs = series(&anchor_rows, key);
+            if !theirs.is_empty() {
+                chart
+                    .draw_series(LineSeries::new(theirs.clone(), RED.stroke_width(2)))
+                    .map_err(|e| e.to_string())?
+                    .label("pprof-rs 0.15 (ITIMER_PROF)")
+                    .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], RED));
+                chart
+                    .draw_series(theirs.iter().map(|p| Circle::new(*p, 4, RED.filled())))
+                    .map_err(|e| e.to_string())?;
+            }
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .label_font(("sans-serif", 13))
+                .position(SeriesLabelPosition::LowerLeft)
+                .draw()
+                .map_err(|e| e.to_string())?;
+        }
+        root.present().map_err(|e| e.to_string())
+    }
+}
