@@ -111,7 +111,14 @@ fn run(args: &[String]) -> Result<(), String> {
             Ok(None) => {}
             Err(e) => return Err(e.to_string()),
         }
-        match OtlpProfilesConfig::from_env() {
+        // Traces go over OTLP/gRPC here (opentelemetry-otlp's tonic exporter); unless
+        // told otherwise, profiles use the same protocol and endpoint.
+        let otlp_profiles = OtlpProfilesConfig::from_lookup(|k| {
+            std::env::var(k)
+                .ok()
+                .or_else(|| (k == "OTEL_EXPORTER_OTLP_PROTOCOL").then(|| "grpc".to_owned()))
+        });
+        match otlp_profiles {
             Ok(Some(c)) => {
                 println!("profiles: OTLP (experimental) to {}", c.endpoint);
                 let e = OtlpProfilesExporter::start(c, ProfileSource::profiler(&profiler, false))

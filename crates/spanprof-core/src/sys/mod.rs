@@ -73,10 +73,13 @@ pub(crate) fn process_cpu_time() -> std::time::Duration {
     std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-/// The calling thread's kernel thread id.
+/// The calling thread's kernel thread id (0 where there is none to give).
 pub(crate) fn current_tid() -> i32 {
+    #[cfg(target_os = "linux")]
     // SAFETY: gettid has no preconditions.
-    unsafe { libc::gettid() }
+    return unsafe { libc::gettid() };
+    #[cfg(not(target_os = "linux"))]
+    0
 }
 
 /// Sends the profiling signal to thread `tid` of this process (as `kill` would: the

@@ -1,5 +1,38 @@
-//! Stand-ins on platforms without a sampler: labels work, profiling does not.
+//! Stand-ins on platforms without a sampler: labels work, profiling does not. The
+//! registry and collector compile against these; no thread is ever armed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+
+use super::ring::SampleRing;
 
 pub(crate) fn in_signal_handler() -> bool {
     false
+}
+
+/// A registered thread that is never sampled.
+pub(crate) struct ThreadSampler {
+    pub(crate) tid: i32,
+    pub(crate) ring: SampleRing,
+    pub(crate) samples: AtomicU64,
+    pub(crate) superseded: AtomicU64,
+    pub(crate) truncated: AtomicU64,
+    pub(crate) rearm_failed: AtomicU64,
+    pub(crate) retired: AtomicBool,
+}
+
+impl ThreadSampler {
+    pub(crate) fn for_current_thread(_ring_capacity: usize) -> Arc<Self> {
+        Arc::new(ThreadSampler {
+            tid: 0,
+            ring: SampleRing::new(2),
+            samples: AtomicU64::new(0),
+            superseded: AtomicU64::new(0),
+            truncated: AtomicU64::new(0),
+            rearm_failed: AtomicU64::new(0),
+            retired: AtomicBool::new(false),
+        })
+    }
+
+    pub(crate) fn detach_current() {}
 }
