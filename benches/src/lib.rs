@@ -306,3 +306,17 @@ pub fn run_and_score(w: &Workload, profiler: &spanprof::Profiler, hooks: bool) -
 pub fn print_json(value: serde_json::Value) {
     println!("{value}");
 }
+
+/// The value following `--name` on this program's command line.
+pub fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+}
+
+/// Whether `--name` is on this program's command line.
+pub fn flag(name: &str) -> bool {
+    std::env::args().any(|a| a == name)
+}

@@ -8,16 +8,9 @@
 
 use std::time::Duration;
 
-use spanprof_bench::{Mode, Workload, print_json, run_and_score};
+use spanprof_bench::{Mode, Workload, arg, flag, print_json, run_and_score};
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let arg = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
     let seconds: u64 = arg("--seconds").map_or(10, |s| s.parse().expect("--seconds N"));
     let mode = match arg("--mode").as_deref() {
         None | Some("wrapper") => Mode::Wrapper,
@@ -25,7 +18,7 @@ fn main() {
         Some("joined") => Mode::Joined,
         Some(other) => panic!("unknown --mode {other}: wrapper, inherit or joined"),
     };
-    let hot = !args.iter().any(|a| a == "--baseline");
+    let hot = !flag("--baseline");
     let profiler = spanprof::Profiler::builder()
         .start()
         .expect("start profiler");
@@ -37,7 +30,7 @@ fn main() {
     };
     let o = run_and_score(&w, &profiler, true);
     let stats = profiler.sampler_stats();
-    if !args.iter().any(|a| a == "--json") {
+    if !flag("--json") {
         eprintln!("{o:?}\n{stats:?}");
     }
     print_json(serde_json::json!({

@@ -6,19 +6,12 @@
 use std::time::{Duration, Instant};
 
 use spanprof::{Hotness, SpanLabels};
-use spanprof_bench::{BURNERS, print_json};
+use spanprof_bench::{BURNERS, arg, flag, print_json};
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let arg = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
     let hz: u32 = arg("--hz").map_or(1000, |s| s.parse().expect("--hz N"));
     let seconds: f64 = arg("--seconds").map_or(5.0, |s| s.parse().expect("--seconds N"));
-    let use_perf = !args.iter().any(|a| a == "--timer");
+    let use_perf = !flag("--timer");
     let profiler = spanprof::Profiler::builder()
         .baseline_hz(hz.min(99))
         .high_hz(hz)

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use spanprof::{Hotness, SpanLabels};
-use spanprof_bench::{BURNERS, print_json};
+use spanprof_bench::{BURNERS, arg, print_json};
 
 fn rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")
@@ -24,13 +24,6 @@ fn rss_mib() -> f64 {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let arg = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
     let seconds: u64 = arg("--seconds").map_or(60, |s| s.parse().expect("--seconds N"));
     let rate: u64 = arg("--rate").map_or(50_000, |s| s.parse().expect("--rate N"));
     let profiler = spanprof::Profiler::builder().start().expect("profiler");

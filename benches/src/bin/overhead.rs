@@ -17,7 +17,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use spanprof::tower::{ProfileCorrelationLayer, RoutePolicy};
-use spanprof_bench::print_json;
+use spanprof_bench::{arg, print_json};
 
 async fn checkout_handler() -> String {
     let cart = checkout::shop::sample_cart("bench", 4, 7);
@@ -99,12 +99,6 @@ fn main() {
         client(&args[2], args[3].parse().unwrap(), args[4].parse().unwrap());
         return;
     }
-    let arg = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
     let rounds: usize = arg("--rounds").map_or(5, |s| s.parse().expect("--rounds N"));
     let secs: f64 = arg("--round-secs").map_or(3.0, |s| s.parse().expect("--round-secs S"));
     checkout::shop::warm_up();

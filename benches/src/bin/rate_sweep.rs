@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use spanprof::{Hotness, SpanLabels};
-use spanprof_bench::{BURNERS, print_json};
+use spanprof_bench::{BURNERS, arg, print_json};
 
 const RATES: &[u32] = &[99, 250, 1000, 2000, 4000];
 
@@ -57,13 +57,6 @@ fn run(secs: f64, profiled: bool) -> (f64, f64) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let arg = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
     let secs: f64 = arg("--seconds").map_or(3.0, |s| s.parse().expect("--seconds S"));
     let rounds: usize = arg("--rounds").map_or(3, |s| s.parse().expect("--rounds N"));
     let counter = AtomicU64::new(0);

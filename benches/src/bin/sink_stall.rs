@@ -16,7 +16,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use spanprof::export::{ProfileSource, PyroscopeConfig, PyroscopeExporter};
 use spanprof::tower::{ProfileCorrelationLayer, RoutePolicy};
-use spanprof_bench::{BURNERS, print_json};
+use spanprof_bench::{BURNERS, arg, flag, print_json};
 
 async fn handler() -> String {
     BURNERS[0].1(20_000).to_string()
@@ -61,13 +61,6 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let arg = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
     let rounds: usize = arg("--rounds").map_or(6, |s| s.parse().expect("--rounds N"));
     let secs: f64 = arg("--round-secs").map_or(2.0, |s| s.parse().expect("--round-secs S"));
     let profiler = spanprof::Profiler::builder().start().expect("profiler");
@@ -122,7 +115,7 @@ fn main() {
     let (p99n, p99s) = (median(&mut p99[0]), median(&mut p99[1]));
     let (rn, rs) = (median(&mut rps[0]), median(&mut rps[1]));
     let stats = sink_stats.unwrap_or_default();
-    if !args.iter().any(|a| a == "--json") {
+    if !flag("--json") {
         eprintln!("sink stats (last round): {stats:?}");
     }
     print_json(serde_json::json!({

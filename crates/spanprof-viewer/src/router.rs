@@ -123,6 +123,26 @@ fn parse_span(span_id: &str) -> Result<u64, Box<Response>> {
     })
 }
 
+/// Parses a span id, flushes the profiler and returns the span's tree profile, or the
+/// error response (400 for a bad id, 404 without samples).
+async fn span_tree(
+    v: &Viewer,
+    span_id: &str,
+) -> Result<(u64, spanprof_core::Profile), Box<Response>> {
+    let id = parse_span(span_id)?;
+    flush(v).await;
+    match v.profiler.store().span_tree(id) {
+        Some(p) => Ok((id, p)),
+        None => Err(Box::new(
+            (
+                StatusCode::NOT_FOUND,
+                format!("no samples of span {span_id}"),
+            )
+                .into_response(),
+        )),
+    }
+}
+
 async fn flush(v: &Viewer) {
     let p = v.profiler.clone();
     let _ = tokio::task::spawn_blocking(move || p.flush()).await;
@@ -150,17 +170,9 @@ async fn top(
     Path(span_id): Path<String>,
     Query(q): Query<TopQuery>,
 ) -> Response {
-    let id = match parse_span(&span_id) {
-        Ok(id) => id,
+    let (_, p) = match span_tree(&v, &span_id).await {
+        Ok(found) => found,
         Err(r) => return *r,
-    };
-    flush(&v).await;
-    let Some(p) = v.profiler.store().span_tree(id) else {
-        return (
-            StatusCode::NOT_FOUND,
-            format!("no samples of span {span_id}"),
-        )
-            .into_response();
     };
     let total = p.cpu_ns().max(1);
     let mut functions = p.top_functions(usize::MAX);
@@ -196,17 +208,9 @@ fn svg_response(r: Result<Vec<u8>, String>) -> Response {
 }
 
 async fn flamegraph(State(v): State<Viewer>, Path(span_id): Path<String>) -> Response {
-    let id = match parse_span(&span_id) {
-        Ok(id) => id,
+    let (id, p) = match span_tree(&v, &span_id).await {
+        Ok(found) => found,
         Err(r) => return *r,
-    };
-    flush(&v).await;
-    let Some(p) = v.profiler.store().span_tree(id) else {
-        return (
-            StatusCode::NOT_FOUND,
-            format!("no samples of span {span_id}"),
-        )
-            .into_response();
     };
     let name = v
         .spans
@@ -228,19 +232,11 @@ async fn diff(
     Path(span_id): Path<String>,
     Query(q): Query<DiffQuery>,
 ) -> Response {
-    let id = match parse_span(&span_id) {
-        Ok(id) => id,
+    let (id, p) = match span_tree(&v, &span_id).await {
+        Ok(found) => found,
         Err(r) => return *r,
     };
-    flush(&v).await;
     let store = v.profiler.store();
-    let Some(p) = store.span_tree(id) else {
-        return (
-            StatusCode::NOT_FOUND,
-            format!("no samples of span {span_id}"),
-        )
-            .into_response();
-    };
     let Some(route) = p
         .samples
         .iter()

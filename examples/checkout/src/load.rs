@@ -63,11 +63,14 @@ pub async fn run(
             let mut n = worker as u64 * 1_000_003;
             while Instant::now() < end {
                 n += 1;
+                // About 3 % large carts, the first one early in every client's run
+                // (so even a short run has some); the rest of the mix by hash.
+                let k = n - worker as u64 * 1_000_003;
                 let pick = n * 2_654_435_761 % 100;
-                let req = if pick < 3 {
+                let req = if k % 33 == 3 {
                     large.fetch_add(1, Ordering::Relaxed);
                     checkout_request(&target, LARGE_CART_LINES, n)
-                } else if pick < 73 {
+                } else if pick < 72 {
                     checkout_request(&target, 2 + (n % 11) as usize, n)
                 } else if pick < 95 {
                     http::Request::get(format!("{target}/cart/cart-{}", n % 500))

@@ -5,40 +5,11 @@
 #[path = "../support/mod.rs"]
 mod support;
 
-use std::process::Command;
 use std::time::Duration;
 
 use spanprof::Profiler;
 use spanprof_bench::{Mode, Workload, class_labels};
-
-fn go_pprof(args: &[&str]) -> String {
-    let tmp = support::artifact_dir().join("pprof-tmp");
-    std::fs::create_dir_all(&tmp).unwrap();
-    let out = Command::new("go")
-        .arg("tool")
-        .arg("pprof")
-        .args(args)
-        .env("PPROF_TMPDIR", &tmp)
-        .env("HOME", &tmp)
-        .output()
-        .expect("`go` must be installed (Debian golang-go; .ci/run installs it)");
-    assert!(
-        out.status.success(),
-        "go tool pprof {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// The function of the first row of `go tool pprof -top`.
-fn top_function(top: &str) -> String {
-    let mut rows = top
-        .lines()
-        .skip_while(|l| !l.trim_start().starts_with("flat"));
-    rows.next();
-    let row = rows.next().expect("a row");
-    row.split_whitespace().skip(5).collect::<Vec<_>>().join(" ")
-}
+use support::{go_pprof, top_function};
 
 #[test]
 fn go_tool_pprof_reads_labels_and_focuses_on_a_span() {
