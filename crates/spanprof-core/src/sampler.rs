@@ -339,6 +339,17 @@ pub(crate) struct ProfilerInner {
     collector: Mutex<Option<Collector>>,
 }
 
+impl ProfilerInner {
+    /// Runs `f` on the collector while the profiler runs.
+    fn with_collector<R>(&self, f: impl FnOnce(&Collector) -> R) -> Option<R> {
+        self.collector
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(f)
+    }
+}
+
 /// A running profiler. Cloning gives another handle to the same one; it runs until
 /// [`Profiler::stop`].
 #[derive(Clone)]
@@ -394,15 +405,7 @@ impl Profiler {
 
     /// Drains every thread's ring into the store now and waits until done.
     pub fn flush(&self) {
-        if let Some(c) = self
-            .inner
-            .collector
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-        {
-            c.flush();
-        }
+        self.inner.with_collector(Collector::flush);
     }
 
     /// Opens a window on the samples taken from now on (see [`crate::ProfileWindow`]), with
@@ -410,32 +413,20 @@ impl Profiler {
     pub fn window(&self, max_entries: usize) -> crate::ProfileWindow {
         let period = self.inner.store.period_ns();
         let (window, weak) = crate::ProfileWindow::new(max_entries, period);
-        if let Some(c) = self
-            .inner
-            .collector
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-        {
+        self.inner.with_collector(|c| {
             c.windows
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .push(weak);
-        }
+                .push(weak)
+        });
         window
     }
 
     /// Sampler counters.
     pub fn sampler_stats(&self) -> SamplerStats {
         let mut s = sampler_stats();
-        if let Some(c) = self
-            .inner
-            .collector
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-        {
-            s.dropped_backlog = c.dropped_backlog();
+        if let Some(dropped) = self.inner.with_collector(Collector::dropped_backlog) {
+            s.dropped_backlog = dropped;
         }
         s
     }
