@@ -161,7 +161,6 @@ struct StackEntry {
 
 struct SpanEntry {
     labels: Arc<SampleLabels>,
-    route: NameId,
     seq: u64,
     first_ns: u64,
     last_ns: u64,
@@ -640,7 +639,6 @@ impl State {
                         route: intern::resolve(l.route),
                         hot: Hotness::Cold,
                     }),
-                    route: l.route,
                     seq,
                     first_ns: time_ns,
                     last_ns: time_ns,
@@ -662,7 +660,6 @@ impl State {
         let key = (stack, l.hot);
         let is_new = !e.stacks.contains_key(&key);
         e.stacks.entry(key).or_default().add(weight);
-        let _ = e.route;
         if is_new {
             self.bytes += SPAN_STACK_BYTES;
             self.stack_ref(stack);

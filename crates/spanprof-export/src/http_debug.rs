@@ -39,13 +39,18 @@ fn bad(msg: String) -> Response {
     (StatusCode::BAD_REQUEST, msg).into_response()
 }
 
+/// Drains the sample rings into the store without blocking the runtime.
+async fn flush(profiler: &Profiler) {
+    let p = profiler.clone();
+    let _ = tokio::task::spawn_blocking(move || p.flush()).await;
+}
+
 async fn profile(State(profiler): State<Profiler>, Query(p): Query<Params>) -> Response {
     let profile: Profile = if let Some(span) = p.span_id {
         let Ok(id) = u64::from_str_radix(&span, 16) else {
             return bad(format!("span_id `{span}` is not 16 hex digits"));
         };
-        let pr = profiler.clone();
-        let _ = tokio::task::spawn_blocking(move || pr.flush()).await;
+        flush(&profiler).await;
         match profiler.store().span_tree(id) {
             Some(p) => p,
             None => {
@@ -57,8 +62,7 @@ async fn profile(State(profiler): State<Profiler>, Query(p): Query<Params>) -> R
         let Ok(id) = u128::from_str_radix(&trace, 16) else {
             return bad(format!("trace_id `{trace}` is not 32 hex digits"));
         };
-        let pr = profiler.clone();
-        let _ = tokio::task::spawn_blocking(move || pr.flush()).await;
+        flush(&profiler).await;
         match profiler.store().trace(id) {
             Some(p) => p,
             None => {
@@ -81,8 +85,7 @@ async fn profile(State(profiler): State<Profiler>, Query(p): Query<Params>) -> R
         };
         let window = profiler.window(spanprof_core::DEFAULT_WINDOW_ENTRIES);
         tokio::time::sleep(Duration::from_secs(seconds)).await;
-        let pr = profiler.clone();
-        let _ = tokio::task::spawn_blocking(move || pr.flush()).await;
+        flush(&profiler).await;
         window.take()
     };
     (

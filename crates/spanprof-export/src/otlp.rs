@@ -73,24 +73,21 @@ impl OtlpProfilesConfig {
     /// As [`OtlpProfilesConfig::from_env`], reading variables through `var`.
     pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, ExportError> {
         let nonempty = |k: &str| var(k).filter(|v| !v.is_empty());
-        let (proto_var, protocol) = match nonempty("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL")
+        let protocol = match nonempty("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL")
             .map(|p| ("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL", p))
             .or_else(|| {
                 nonempty("OTEL_EXPORTER_OTLP_PROTOCOL").map(|p| ("OTEL_EXPORTER_OTLP_PROTOCOL", p))
             }) {
-            None => ("", OtlpProtocol::HttpProtobuf),
-            Some((k, p)) => match p.as_str() {
-                "http/protobuf" => (k, OtlpProtocol::HttpProtobuf),
-                "grpc" => (k, OtlpProtocol::Grpc),
-                other => {
-                    return Err(ExportError::config(
-                        k,
-                        format!("`{other}` is not supported (use http/protobuf or grpc)"),
-                    ));
-                }
-            },
+            None => OtlpProtocol::HttpProtobuf,
+            Some((_, p)) if p == "http/protobuf" => OtlpProtocol::HttpProtobuf,
+            Some((_, p)) if p == "grpc" => OtlpProtocol::Grpc,
+            Some((var, other)) => {
+                return Err(ExportError::config(
+                    var,
+                    format!("`{other}` is not supported (use http/protobuf or grpc)"),
+                ));
+            }
         };
-        let _ = proto_var;
         let endpoint = if let Some(e) = nonempty("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT") {
             e
         } else if let Some(base) = nonempty("OTEL_EXPORTER_OTLP_ENDPOINT") {

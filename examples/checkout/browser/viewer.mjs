@@ -20,9 +20,11 @@ const page = await browser.newPage({ viewport: { width: 1600, height: 1000 } });
 try {
   await page.goto(url);
   await page.fill('#route-filter', 'POST /checkout');
-  const first = page.locator('tr.trace-row').first();
-  await first.waitFor({ timeout: 15000 });
-  await page.waitForTimeout(300);
+  // Wait for the filtered list itself, not a row of the unfiltered one.
+  await page.waitForFunction(() => {
+    const roots = [...document.querySelectorAll('tr.trace-row td:first-child')];
+    return roots.length > 0 && roots.every((td) => td.textContent === 'POST /checkout');
+  }, null, { timeout: 15000 });
   await page.locator('tr.trace-row').first().click();
   const span = page.locator('.span-row[data-name="POST /checkout"]').first();
   await span.waitFor({ timeout: 15000 });

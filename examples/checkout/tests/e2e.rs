@@ -10,13 +10,29 @@ use serde_json::Value;
 use spanprof::Profiler;
 use spanprof_viewer::RecentSpans;
 
-async fn get_json(url: &str) -> Value {
+/// GET `url`: status, content type and body.
+async fn get(url: &str) -> (http::StatusCode, String, bytes::Bytes) {
     use http_body_util::{BodyExt, Empty};
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<Empty<bytes::Bytes>>();
     let resp = client.get(url.parse().unwrap()).await.expect("GET");
-    assert!(resp.status().is_success(), "{url}: {}", resp.status());
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let status = resp.status();
+    let content_type = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    (
+        status,
+        content_type,
+        resp.into_body().collect().await.unwrap().to_bytes(),
+    )
+}
+
+async fn get_json(url: &str) -> Value {
+    let (status, _, body) = get(url).await;
+    assert!(status.is_success(), "{url}: {status}");
     serde_json::from_slice(&body).expect("JSON")
 }
 
@@ -79,6 +95,13 @@ fn slow_checkout_shows_its_code_in_the_api_and_the_browser() {
             names.iter().any(|f| f.ends_with("check_price_rules") || f.ends_with("CartSerializer::to_json")),
             "top functions of the slow checkout: {names:?}"
         );
+
+        // The differential flamegraph against the route's recent profile.
+        let (status, content_type, svg) = get(&format!("{base}/diff/{root_id}?minutes=5")).await;
+        assert_eq!(status, 200);
+        assert_eq!(content_type, "image/svg+xml");
+        let svg = String::from_utf8_lossy(&svg);
+        assert!(svg.contains("<svg") && svg.contains("CartSerializer"), "diff flamegraph");
 
         // The inventory call is a child span from the other service, same trace.
         let trace = get_json(&format!("{base}/api/traces/{trace_id}")).await;
