@@ -1,5 +1,9 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
+// Without the sampler (every target but Linux; see build.rs) nothing feeds the
+// collector, the symbolizer or the store's ingest path. They are still compiled, so
+// the public API is the same everywhere, but go unused.
+#![cfg_attr(not(spanprof_sampler), allow(dead_code))]
 
 mod collector;
 mod future;
@@ -38,7 +42,7 @@ pub use store::{
 };
 pub use window::{DEFAULT_WINDOW_ENTRIES, ProfileWindow};
 
-#[cfg(target_os = "linux")]
+#[cfg(spanprof_sampler)]
 pub use sys::HandlerAllocCounter;
 
 /// Whether the calling thread is inside spanprof's profiling signal handler right
@@ -72,7 +76,7 @@ pub fn current_tid() -> i32 {
 /// handler ignores signals it did not arm; tests use this to interrupt system calls
 /// on purpose. Returns whether the signal was sent.
 #[doc(hidden)]
-#[cfg(target_os = "linux")]
+#[cfg(spanprof_sampler)]
 pub fn send_profiling_signal_for_test(tid: i32) -> bool {
     sys::signal_thread(tid)
 }

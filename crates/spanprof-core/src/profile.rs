@@ -102,6 +102,17 @@ pub struct ProfileSample {
     pub cpu_ns: u64,
 }
 
+impl ProfileSample {
+    /// Whether the unwinder cut this stack short at [`crate::MAX_FRAMES`]: its
+    /// outermost frames are missing and its last frame is the marker
+    /// `[truncated: stack deeper than the unwind limit]`.
+    pub fn is_truncated(&self) -> bool {
+        self.stack
+            .last()
+            .is_some_and(|f| f.address == crate::symbolize::TRUNCATED_ADDR)
+    }
+}
+
 /// A CPU profile: the answer to a [`crate::SpanProfileStore`] query.
 #[derive(Debug, Clone)]
 pub struct Profile {
@@ -147,6 +158,32 @@ impl Profile {
     /// Total estimated CPU time in nanoseconds.
     pub fn cpu_ns(&self) -> u64 {
         self.samples.iter().map(|s| s.cpu_ns).sum()
+    }
+
+    /// The "spine": functions on at least `percent` % of the CPU time of the stacks
+    /// that reach their thread's root (the runtime, the server, the handler's
+    /// caller). Truncated stacks ([`ProfileSample::is_truncated`]) lack their outer
+    /// frames, so they do not count. Ranking by total time without the spine puts
+    /// the code that did the work on top.
+    pub fn spine(&self, percent: u64) -> Vec<Arc<str>> {
+        let whole = Profile {
+            samples: self
+                .samples
+                .iter()
+                .filter(|s| !s.is_truncated())
+                .cloned()
+                .collect(),
+            start: self.start,
+            duration_ns: self.duration_ns,
+            period_ns: self.period_ns,
+        };
+        let total = whole.cpu_ns();
+        whole
+            .top_functions(usize::MAX)
+            .into_iter()
+            .filter(|f| f.total_ns * 100 >= total * percent)
+            .map(|f| f.function)
+            .collect()
     }
 
     /// The same profile with every sample's `span_id` replaced by its local root's
@@ -239,5 +276,55 @@ impl fmt::Display for Profile {
             writeln!(f, " {}", s.cpu_ns)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod spine_tests {
+    use super::*;
+
+    fn frame(function: &str, address: u64) -> Frame {
+        Frame {
+            function: function.into(),
+            file: None,
+            line: 0,
+            address,
+            inlined: false,
+        }
+    }
+
+    fn sample(stack: &[&str], truncated: bool, cpu_ns: u64) -> ProfileSample {
+        let mut frames: Vec<Frame> = stack.iter().map(|f| frame(f, 1)).collect();
+        if truncated {
+            frames.push(frame(
+                "[truncated: stack deeper than the unwind limit]",
+                crate::symbolize::TRUNCATED_ADDR,
+            ));
+        }
+        ProfileSample {
+            stack: frames.into(),
+            labels: None,
+            count: 1,
+            cpu_ns,
+        }
+    }
+
+    #[test]
+    fn truncated_stacks_do_not_hide_the_spine() {
+        // 30 % of the time in a deep recursion the unwinder cut short: those stacks
+        // never reach the runtime's frames, which are still the spine.
+        let p = Profile {
+            samples: vec![
+                sample(&["handler", "worker_run", "thread_start"], false, 70),
+                sample(&["deep", "deep", "handler"], true, 30),
+            ],
+            start: SystemTime::UNIX_EPOCH,
+            duration_ns: 1,
+            period_ns: 1,
+        };
+        assert!(p.samples[1].is_truncated() && !p.samples[0].is_truncated());
+        let mut spine: Vec<String> = p.spine(97).iter().map(|f| f.to_string()).collect();
+        spine.sort();
+        assert_eq!(spine, ["handler", "thread_start", "worker_run"]);
     }
 }

@@ -217,7 +217,7 @@ impl ProfilerBuilder {
     }
 }
 
-#[cfg(target_os = "linux")]
+#[cfg(spanprof_sampler)]
 fn start_platform(cfg: ProfilerBuilder) -> Result<Arc<ProfilerInner>, ProfilerError> {
     // Perf events only pay off well above the baseline; below twice the baseline the
     // timer re-armed at the high period does the job (and lost-signal detection,
@@ -291,7 +291,7 @@ fn start_platform(cfg: ProfilerBuilder) -> Result<Arc<ProfilerInner>, ProfilerEr
     }))
 }
 
-#[cfg(not(target_os = "linux"))]
+#[cfg(not(spanprof_sampler))]
 fn start_platform(_cfg: ProfilerBuilder) -> Result<Arc<ProfilerInner>, ProfilerError> {
     tracing::warn!("spanprof: CPU profiling is only available on Linux; labels still work");
     Err(ProfilerError::Unsupported(
@@ -456,7 +456,7 @@ impl Profiler {
     }
 }
 
-#[cfg(target_os = "linux")]
+#[cfg(spanprof_sampler)]
 fn stop_platform() {
     PROFILING.store(false, Ordering::Release);
     sys::set_enabled(false);
@@ -469,7 +469,7 @@ fn stop_platform() {
     sys::uninstall_handler();
 }
 
-#[cfg(not(target_os = "linux"))]
+#[cfg(not(spanprof_sampler))]
 fn stop_platform() {}
 
 // ---- thread registry -------------------------------------------------------
@@ -558,7 +558,7 @@ thread_local! {
 /// when the thread exits.
 #[derive(Debug)]
 pub struct ThreadRegistration {
-    #[cfg(target_os = "linux")]
+    #[cfg(spanprof_sampler)]
     sampler: Arc<sys::ThreadSampler>,
 }
 
@@ -570,7 +570,7 @@ pub struct ThreadRegistration {
 /// worker and blocking thread; a thread that polls labelled work while a profiler is
 /// running registers itself on its first labelled poll.
 pub fn register_current_thread() -> bool {
-    #[cfg(target_os = "linux")]
+    #[cfg(spanprof_sampler)]
     {
         if REG_STATE.with(|s| s.get()) == 1 {
             return false;
@@ -590,7 +590,7 @@ pub fn register_current_thread() -> bool {
         let _ = REG_GUARD.try_with(|g| *g.borrow_mut() = Some(ThreadRegistration { sampler }));
         true
     }
-    #[cfg(not(target_os = "linux"))]
+    #[cfg(not(spanprof_sampler))]
     {
         false
     }
@@ -605,7 +605,7 @@ pub fn deregister_current_thread() {
 
 impl Drop for ThreadRegistration {
     fn drop(&mut self) {
-        #[cfg(target_os = "linux")]
+        #[cfg(spanprof_sampler)]
         {
             sys::ThreadSampler::detach_current();
             let mut reg = registry();
@@ -636,8 +636,8 @@ pub(crate) fn ensure_thread_registered() {
 
 #[inline]
 pub(crate) fn on_hot_push(label_high_ns: u64) {
-    #[cfg(target_os = "linux")]
+    #[cfg(spanprof_sampler)]
     sys::on_hot_push(label_high_ns);
-    #[cfg(not(target_os = "linux"))]
+    #[cfg(not(spanprof_sampler))]
     let _ = label_high_ns;
 }

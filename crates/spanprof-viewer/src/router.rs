@@ -152,7 +152,9 @@ async fn flush(v: &Viewer) {
 struct TopQuery {
     n: Option<usize>,
     /// `self` (default) or `total`: by total time, leaving out the "spine" (functions
-    /// on at least 97 % of the stacks: the runtime, the server, the handler's caller).
+    /// on at least 97 % of the whole stacks: the runtime, the server, the handler's
+    /// caller). Stacks the unwinder truncated lack their outer frames, so they do
+    /// not count when finding the spine.
     by: Option<String>,
 }
 
@@ -177,7 +179,8 @@ async fn top(
     let total = p.cpu_ns().max(1);
     let mut functions = p.top_functions(usize::MAX);
     if q.by.as_deref() == Some("total") {
-        functions.retain(|f| f.total_ns * 100 < total * 97);
+        let spine = p.spine(97);
+        functions.retain(|f| !spine.contains(&f.function));
         functions.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(b.self_ns.cmp(&a.self_ns)));
     }
     functions.truncate(q.n.unwrap_or(20).min(200));

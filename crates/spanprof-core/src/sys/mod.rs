@@ -10,31 +10,31 @@
 pub(crate) mod ring;
 pub(crate) mod slot;
 
-#[cfg(target_os = "linux")]
+#[cfg(spanprof_sampler)]
 mod alloc_counter;
-#[cfg(target_os = "linux")]
+#[cfg(spanprof_sampler)]
 mod handler;
-#[cfg(target_os = "linux")]
+#[cfg(spanprof_sampler)]
 mod perf;
-#[cfg(target_os = "linux")]
+#[cfg(spanprof_sampler)]
 mod thread;
-#[cfg(target_os = "linux")]
+#[cfg(spanprof_sampler)]
 mod timer;
-#[cfg(target_os = "linux")]
+#[cfg(spanprof_sampler)]
 mod unwind;
 
-#[cfg(target_os = "linux")]
+#[cfg(spanprof_sampler)]
 pub use alloc_counter::HandlerAllocCounter;
-#[cfg(target_os = "linux")]
+#[cfg(spanprof_sampler)]
 pub(crate) use handler::{
     in_signal_handler, install_handler, on_hot_push, set_enabled, uninstall_handler,
 };
-#[cfg(target_os = "linux")]
+#[cfg(spanprof_sampler)]
 pub(crate) use thread::{ThreadSampler, probe_perf_events};
 
-#[cfg(not(target_os = "linux"))]
+#[cfg(not(spanprof_sampler))]
 mod unsupported;
-#[cfg(not(target_os = "linux"))]
+#[cfg(not(spanprof_sampler))]
 pub(crate) use unsupported::*;
 
 /// Most frames one sample keeps; deeper stacks are truncated and marked.
@@ -85,7 +85,7 @@ pub(crate) fn current_tid() -> i32 {
 /// Sends the profiling signal to thread `tid` of this process (as `kill` would: the
 /// handler ignores it, `SI_TKILL`), for tests of how system calls fare when the
 /// signal interrupts them.
-#[cfg(target_os = "linux")]
+#[cfg(spanprof_sampler)]
 pub(crate) fn signal_thread(tid: i32) -> bool {
     // SAFETY: tgkill only sends a signal; a wrong tid yields ESRCH, nothing unsafe.
     unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, libc::SIGPROF) == 0 }
