@@ -20,8 +20,8 @@ use spanprof::{Profiler, SpanLabels};
 use spanprof_export::{OtlpProfilesConfig, OtlpProfilesExporter, OtlpProtocol, ProfileSource};
 use support::receiver::Receiver;
 
-/// Checks one request: resource, profile type, and that every linked sample's leaf
-/// function is the class function of the span its link names. Returns the CPU time
+/// Checks one request: resource, profile type, and that every linked sample's
+/// burner function is the class function of the span its link names. Returns the CPU time
 /// (ns) of the linked class samples.
 fn check(req: &ExportProfilesServiceRequest, labels: &[SpanLabels; 2]) -> i64 {
     let dict = req.dictionary.as_ref().expect("dictionary");
@@ -55,15 +55,23 @@ fn check(req: &ExportProfilesServiceRequest, labels: &[SpanLabels; 2]) -> i64 {
         let trace = u128::from_be_bytes(link.trace_id.clone().try_into().unwrap());
         let span = u64::from_be_bytes(link.span_id.clone().try_into().unwrap());
         let stack = &dict.stack_table[sample.stack_index as usize];
-        let leaf = &dict.location_table[stack.location_indices[0] as usize];
-        let f = &dict.function_table[leaf.lines[0].function_index as usize];
-        let name = s(f.name_strindex);
+        // The burner's frame, wherever it is on the stack: the leaf may be code
+        // inlined into it or the clock read between its rounds.
+        let burner = stack.location_indices.iter().find_map(|&l| {
+            dict.location_table[l as usize]
+                .lines
+                .iter()
+                .find_map(|line| {
+                    let name = s(dict.function_table[line.function_index as usize].name_strindex);
+                    name.contains("burn_class_").then_some(name)
+                })
+        });
         let class = labels
             .iter()
             .position(|l| l.span_id() == span)
             .unwrap_or_else(|| panic!("link to unknown span {span:016x}"));
         assert_eq!(trace, labels[class].trace_id());
-        if name.contains("burn_class_") {
+        if let Some(name) = burner {
             assert!(
                 name.ends_with(&format!("burn_class_{class}")),
                 "{name} linked to span of class {class}"
