@@ -232,12 +232,47 @@ pub(crate) fn validate_url(field: &str, url: &str) -> Result<(), ExportError> {
 }
 
 /// The HTTP client of every sink: rustls with the ring provider (the one TLS stack of
-/// the workspace; reqwest's `rustls-tls` feature selects ring), webpki roots.
-pub(crate) fn http_client() -> Result<reqwest::Client, ExportError> {
-    reqwest::Client::builder()
-        .user_agent(USER_AGENT)
+/// the workspace; reqwest's `rustls-tls` feature selects ring), webpki roots, plus
+/// the certificates of `ca_pem` (checked by [`parse_ca_certificates`]).
+pub(crate) fn http_client(
+    field: &str,
+    ca_pem: Option<&[u8]>,
+) -> Result<reqwest::Client, ExportError> {
+    let mut builder = reqwest::Client::builder().user_agent(USER_AGENT);
+    if let Some(pem) = ca_pem {
+        for cert in parse_ca_certificates(field, pem)? {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    builder
         .build()
         .map_err(|e| ExportError::config("http client", e.to_string()))
+}
+
+/// The certificates of a PEM bundle; an error naming `field` when it holds none.
+pub(crate) fn parse_ca_certificates(
+    field: &str,
+    pem: &[u8],
+) -> Result<Vec<reqwest::Certificate>, ExportError> {
+    let certs = reqwest::Certificate::from_pem_bundle(pem)
+        .map_err(|e| ExportError::config(field, format!("not a PEM certificate bundle: {e}")))?;
+    if certs.is_empty() {
+        return Err(ExportError::config(
+            field,
+            "holds no PEM certificate (`-----BEGIN CERTIFICATE-----`)",
+        ));
+    }
+    Ok(certs)
+}
+
+/// Reads a PEM file of CA certificates named by configuration `field` (a variable
+/// such as `OTEL_EXPORTER_OTLP_CERTIFICATE`); errors name the field and the path.
+pub fn read_ca_certificates(field: &str, path: &std::path::Path) -> Result<Vec<u8>, ExportError> {
+    let pem = std::fs::read(path).map_err(|e| {
+        ExportError::config(field, format!("cannot read `{}`: {e}", path.display()))
+    })?;
+    parse_ca_certificates(field, &pem)?;
+    Ok(pem)
 }
 
 /// Maps a response (or a transport error) to the retry policy.

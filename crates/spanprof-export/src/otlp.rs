@@ -47,6 +47,10 @@ pub struct OtlpProfilesConfig {
     pub interval: Duration,
     /// Delivery settings.
     pub delivery: DeliveryConfig,
+    /// PEM certificates trusted for `https://` endpoints besides the public (webpki)
+    /// roots: a private CA's (`OTEL_EXPORTER_OTLP_CERTIFICATE`). Read a file with
+    /// [`crate::read_ca_certificates`].
+    pub ca_certificates_pem: Option<Vec<u8>>,
 }
 
 impl OtlpProfilesConfig {
@@ -58,14 +62,17 @@ impl OtlpProfilesConfig {
             service_name: crate::default_service_name(),
             interval: DEFAULT_INTERVAL,
             delivery: DeliveryConfig::default(),
+            ca_certificates_pem: None,
         }
     }
 
     /// From the standard variables: `OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT` (used as is)
     /// or `OTEL_EXPORTER_OTLP_ENDPOINT` (HTTP: `/v1development/profiles` appended),
     /// `OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL` / `OTEL_EXPORTER_OTLP_PROTOCOL`
-    /// (`http/protobuf` or `grpc`), `OTEL_SERVICE_NAME`. `Ok(None)` when no endpoint
-    /// is set.
+    /// (`http/protobuf` or `grpc`), `OTEL_SERVICE_NAME`, and
+    /// `OTEL_EXPORTER_OTLP_PROFILES_CERTIFICATE` / `OTEL_EXPORTER_OTLP_CERTIFICATE` (a
+    /// PEM file of CA certificates to trust for `https://`). `Ok(None)` when no
+    /// endpoint is set.
     pub fn from_env() -> Result<Option<Self>, ExportError> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
@@ -103,6 +110,15 @@ impl OtlpProfilesConfig {
             cfg.service_name = name;
         }
         crate::validate_url("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT", &cfg.endpoint)?;
+        for var in [
+            "OTEL_EXPORTER_OTLP_PROFILES_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+        ] {
+            if let Some(path) = nonempty(var) {
+                cfg.ca_certificates_pem = Some(crate::read_ca_certificates(var, path.as_ref())?);
+                break;
+            }
+        }
         Ok(Some(cfg))
     }
 }
@@ -299,6 +315,9 @@ impl Transport for HttpTransport {
 
 struct GrpcTransport {
     endpoint: tonic::transport::Endpoint,
+    /// One channel for the exporter's life, made on the first send (inside the
+    /// delivery runtime); it reconnects by itself after failures.
+    channel: std::sync::OnceLock<tonic::transport::Channel>,
 }
 
 impl Transport for GrpcTransport {
@@ -310,10 +329,9 @@ impl Transport for GrpcTransport {
                     message: e.to_string(),
                 })?;
             let channel = self
-                .endpoint
-                .connect()
-                .await
-                .map_err(|e| SendError::Retryable(e.to_string()))?;
+                .channel
+                .get_or_init(|| self.endpoint.connect_lazy())
+                .clone();
             let mut client = ProfilesServiceClient::new(channel);
             match client.export(request).await {
                 Ok(_) => Ok(()),
@@ -352,19 +370,35 @@ impl OtlpProfilesExporter {
                 "otlp-profiles",
                 cfg.delivery.clone(),
                 HttpTransport {
-                    client: crate::http_client()?,
+                    client: crate::http_client(
+                        "ca_certificates_pem",
+                        cfg.ca_certificates_pem.as_deref(),
+                    )?,
                     url: cfg.endpoint.clone(),
                 },
             ),
             OtlpProtocol::Grpc => {
-                let endpoint = tonic::transport::Endpoint::from_shared(cfg.endpoint.clone())
+                let mut endpoint = tonic::transport::Endpoint::from_shared(cfg.endpoint.clone())
                     .map_err(|e| ExportError::config("endpoint", e.to_string()))?
                     .timeout(cfg.delivery.request_timeout)
                     .connect_timeout(Duration::from_secs(5));
+                if cfg.endpoint.starts_with("https://") {
+                    let mut tls = tonic::transport::ClientTlsConfig::new().with_webpki_roots();
+                    if let Some(pem) = &cfg.ca_certificates_pem {
+                        crate::parse_ca_certificates("ca_certificates_pem", pem)?;
+                        tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(pem));
+                    }
+                    endpoint = endpoint
+                        .tls_config(tls)
+                        .map_err(|e| ExportError::config("endpoint", e.to_string()))?;
+                }
                 Delivery::start(
                     "otlp-profiles",
                     cfg.delivery.clone(),
-                    GrpcTransport { endpoint },
+                    GrpcTransport {
+                        endpoint,
+                        channel: std::sync::OnceLock::new(),
+                    },
                 )
             }
         };

@@ -89,6 +89,10 @@ pub struct PyroscopeConfig {
     pub interval: Duration,
     /// Delivery settings.
     pub delivery: DeliveryConfig,
+    /// PEM certificates trusted for `https://` servers besides the public (webpki)
+    /// roots: a private CA's. Read a file with [`crate::read_ca_certificates`], or
+    /// set `PYROSCOPE_CA_CERT_FILE` for [`PyroscopeConfig::from_env`].
+    pub ca_certificates_pem: Option<Vec<u8>>,
 }
 
 impl PyroscopeConfig {
@@ -102,12 +106,15 @@ impl PyroscopeConfig {
             tenant_id: None,
             interval: DEFAULT_INTERVAL,
             delivery: DeliveryConfig::default(),
+            ca_certificates_pem: None,
         }
     }
 
     /// From `PYROSCOPE_SERVER_ADDRESS` (none set: `Ok(None)`),
     /// `PYROSCOPE_BASIC_AUTH_USER` / `PYROSCOPE_BASIC_AUTH_PASSWORD`,
-    /// `PYROSCOPE_TENANT_ID` and `OTEL_SERVICE_NAME`.
+    /// `PYROSCOPE_TENANT_ID`, `OTEL_SERVICE_NAME` and `PYROSCOPE_CA_CERT_FILE` (a PEM
+    /// file of CA certificates to trust besides the public roots; spanprof's own
+    /// variable, the Pyroscope SDKs have none).
     pub fn from_env() -> Result<Option<Self>, ExportError> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
@@ -141,6 +148,12 @@ impl PyroscopeConfig {
             (None, None) => {}
         }
         cfg.tenant_id = var("PYROSCOPE_TENANT_ID").filter(|s| !s.is_empty());
+        if let Some(path) = var("PYROSCOPE_CA_CERT_FILE").filter(|s| !s.is_empty()) {
+            cfg.ca_certificates_pem = Some(crate::read_ca_certificates(
+                "PYROSCOPE_CA_CERT_FILE",
+                path.as_ref(),
+            )?);
+        }
         cfg.validate()?;
         Ok(Some(cfg))
     }
@@ -234,7 +247,7 @@ impl PyroscopeExporter {
     pub fn start(cfg: PyroscopeConfig, source: ProfileSource) -> Result<Self, ExportError> {
         cfg.validate()?;
         let transport = PushTransport {
-            client: crate::http_client()?,
+            client: crate::http_client("ca_certificates_pem", cfg.ca_certificates_pem.as_deref())?,
             url: format!("{}{PUSH_PATH}", cfg.server.trim_end_matches('/')),
             auth: cfg.auth.clone(),
             tenant_id: cfg.tenant_id.clone(),

@@ -5,20 +5,15 @@
 #[path = "../support/mod.rs"]
 mod support;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_server::{
-    ProfilesService, ProfilesServiceServer,
-};
-use opentelemetry_proto::tonic::collector::profiles::v1development::{
-    ExportProfilesServiceRequest, ExportProfilesServiceResponse,
-};
+use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
+use opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_server::ProfilesServiceServer;
 use opentelemetry_proto::tonic::common::v1::any_value;
 use prost::Message;
 use spanprof::{Profiler, SpanLabels};
 use spanprof_export::{OtlpProfilesConfig, OtlpProfilesExporter, OtlpProtocol, ProfileSource};
-use support::receiver::Receiver;
+use support::receiver::{OtlpCollector, Receiver};
 
 /// Checks one request: resource, profile type, and that every linked sample's
 /// burner function is the class function of the span its link names. Returns the CPU time
@@ -131,27 +126,11 @@ fn http_profiles_link_samples_to_spans() {
     );
 }
 
-#[derive(Default, Clone)]
-struct Collector(Arc<Mutex<Vec<ExportProfilesServiceRequest>>>);
-
-#[tonic::async_trait]
-impl ProfilesService for Collector {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportProfilesServiceRequest>,
-    ) -> Result<tonic::Response<ExportProfilesServiceResponse>, tonic::Status> {
-        self.0.lock().unwrap().push(request.into_inner());
-        Ok(tonic::Response::new(
-            ExportProfilesServiceResponse::default(),
-        ))
-    }
-}
-
 #[test]
 fn grpc_profiles_link_samples_to_spans() {
     let _serial = support::serial();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let collector = Collector::default();
+    let collector = OtlpCollector::default();
     let addr = rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

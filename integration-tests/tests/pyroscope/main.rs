@@ -53,13 +53,7 @@ async fn pushes_labelled_profiles_with_auth_tenant_and_series_labels() {
     cfg.interval = Duration::from_millis(500);
     let exporter =
         PyroscopeExporter::start(cfg, ProfileSource::profiler(&profiler, false)).unwrap();
-    let (_, labels) = tokio::task::spawn_blocking(|| support::labelled_burn(800))
-        .await
-        .unwrap();
-    let pr = profiler.clone();
-    tokio::task::spawn_blocking(move || pr.flush())
-        .await
-        .unwrap();
+    let labels = support::burn_and_flush(&profiler, 800).await;
     let stats = tokio::task::spawn_blocking(move || exporter.shutdown(Duration::from_secs(5)))
         .await
         .unwrap();

@@ -76,6 +76,22 @@ pub fn serial() -> MutexGuard<'static, ()> {
 pub mod receiver;
 pub mod web;
 
+/// From async code: [`labelled_burn`] on a blocking thread, then a flush of
+/// `profiler` so the samples are in its store.
+pub async fn burn_and_flush(
+    profiler: &spanprof::Profiler,
+    cpu_ms: u64,
+) -> [spanprof::SpanLabels; 2] {
+    let (_, labels) = tokio::task::spawn_blocking(move || labelled_burn(cpu_ms))
+        .await
+        .unwrap();
+    let pr = profiler.clone();
+    tokio::task::spawn_blocking(move || pr.flush())
+        .await
+        .unwrap();
+    labels
+}
+
 /// Two threads burning CPU under span labels: class 0 hot (high rate), class 1
 /// cold (baseline). Returns the two threads' CPU time in ns and their labels.
 pub fn labelled_burn(cpu_ms: u64) -> (u64, [spanprof::SpanLabels; 2]) {

@@ -11,6 +11,10 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_server::ProfilesService;
+use opentelemetry_proto::tonic::collector::profiles::v1development::{
+    ExportProfilesServiceRequest, ExportProfilesServiceResponse,
+};
 
 /// One received request.
 #[derive(Debug, Clone)]
@@ -34,6 +38,55 @@ pub enum Reply {
 struct State {
     received: Vec<Received>,
     script: VecDeque<Reply>,
+    /// Connections whose TLS handshake failed (HTTPS receivers).
+    tls_failures: u64,
+}
+
+/// Serves one connection, recording each request and answering from the script.
+async fn serve<I>(io: I, st: Arc<Mutex<State>>)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = service_fn(move |req: http::Request<Incoming>| {
+        let st = st.clone();
+        async move {
+            let (parts, body) = req.into_parts();
+            let body = body
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            let reply = {
+                let mut s = st.lock().unwrap();
+                s.received.push(Received {
+                    path: parts.uri.path().to_owned(),
+                    headers: parts.headers,
+                    body,
+                });
+                s.script.pop_front().unwrap_or(Reply::Status(200, ""))
+            };
+            let (status, text) = match reply {
+                Reply::Status(s, t) => (s, t),
+                Reply::Stall => {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    (200, "")
+                }
+                Reply::Slow(d) => {
+                    tokio::time::sleep(d).await;
+                    (200, "")
+                }
+            };
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder()
+                    .status(status)
+                    .body(Full::new(Bytes::from_static(text.as_bytes())))
+                    .unwrap(),
+            )
+        }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(io), svc)
+        .await;
 }
 
 /// A running receiver.
@@ -47,6 +100,19 @@ impl Receiver {
     /// Starts on `addr` (port 0: any) on the current tokio runtime. Once the script
     /// runs out it answers 200.
     pub async fn start_on(addr: SocketAddr, script: Vec<Reply>) -> Receiver {
+        Receiver::start_inner(addr, script, None).await
+    }
+
+    /// Starts an HTTPS receiver on any free port, serving `tls`.
+    pub async fn start_tls(script: Vec<Reply>, tls: tokio_rustls::TlsAcceptor) -> Receiver {
+        Receiver::start_inner("127.0.0.1:0".parse().unwrap(), script, Some(tls)).await
+    }
+
+    async fn start_inner(
+        addr: SocketAddr,
+        script: Vec<Reply>,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> Receiver {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .expect("bind receiver");
@@ -54,6 +120,7 @@ impl Receiver {
         let state = Arc::new(Mutex::new(State {
             received: Vec::new(),
             script: script.into(),
+            tls_failures: 0,
         }));
         let st = state.clone();
         tokio::spawn(async move {
@@ -62,47 +129,15 @@ impl Receiver {
                     return;
                 };
                 let st = st.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
-                    let svc = service_fn(move |req: http::Request<Incoming>| {
-                        let st = st.clone();
-                        async move {
-                            let (parts, body) = req.into_parts();
-                            let body = body
-                                .collect()
-                                .await
-                                .map(|b| b.to_bytes())
-                                .unwrap_or_default();
-                            let reply = {
-                                let mut s = st.lock().unwrap();
-                                s.received.push(Received {
-                                    path: parts.uri.path().to_owned(),
-                                    headers: parts.headers,
-                                    body,
-                                });
-                                s.script.pop_front().unwrap_or(Reply::Status(200, ""))
-                            };
-                            let (status, text) = match reply {
-                                Reply::Status(s, t) => (s, t),
-                                Reply::Stall => {
-                                    tokio::time::sleep(Duration::from_secs(3600)).await;
-                                    (200, "")
-                                }
-                                Reply::Slow(d) => {
-                                    tokio::time::sleep(d).await;
-                                    (200, "")
-                                }
-                            };
-                            Ok::<_, std::convert::Infallible>(
-                                http::Response::builder()
-                                    .status(status)
-                                    .body(Full::new(Bytes::from_static(text.as_bytes())))
-                                    .unwrap(),
-                            )
-                        }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(io), svc)
-                        .await;
+                    match tls {
+                        None => serve(io, st).await,
+                        Some(acceptor) => match acceptor.accept(io).await {
+                            Ok(io) => serve(io, st).await,
+                            Err(_) => st.lock().unwrap().tls_failures += 1,
+                        },
+                    }
                 });
             }
         });
@@ -118,7 +153,34 @@ impl Receiver {
         format!("http://{}", self.addr)
     }
 
+    /// The URL of an HTTPS receiver, by the name its certificate has.
+    pub fn https_url(&self) -> String {
+        format!("https://localhost:{}", self.addr.port())
+    }
+
     pub fn received(&self) -> Vec<Received> {
         self.state.lock().unwrap().received.clone()
+    }
+
+    /// Connections whose TLS handshake failed.
+    pub fn tls_failures(&self) -> u64 {
+        self.state.lock().unwrap().tls_failures
+    }
+}
+
+/// A recording OTLP profiles gRPC service.
+#[derive(Default, Clone)]
+pub struct OtlpCollector(pub Arc<Mutex<Vec<ExportProfilesServiceRequest>>>);
+
+#[tonic::async_trait]
+impl ProfilesService for OtlpCollector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportProfilesServiceRequest>,
+    ) -> Result<tonic::Response<ExportProfilesServiceResponse>, tonic::Status> {
+        self.0.lock().unwrap().push(request.into_inner());
+        Ok(tonic::Response::new(
+            ExportProfilesServiceResponse::default(),
+        ))
     }
 }
