@@ -5,6 +5,11 @@
 //! figures of `benches/anchors/pprof-capture` when given `--anchor FILE.json`.
 //!
 //! `cargo run --release -p spanprof-bench --bin rate_sweep -- --json [--plot docs/overhead-vs-rate.png] [--anchor pprof.json]`
+//!
+//! With `--mechanisms` it compares instead, at 250 Hz (the highest rate both reach),
+//! the per-sample cost of the two ways of sampling: the per-thread CPU-time timer
+//! (`timer_create`) and the perf event (`perf_event_open` plus one re-arming `ioctl`
+//! per sample), each round running bare, perf and timer side by side.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -56,9 +61,68 @@ fn run(secs: f64, profiled: bool) -> (f64, f64) {
     (iters / cpu, samples / cpu)
 }
 
+/// CPU time per sample, in µs, from the throughput ratio and the sampling rate: the
+/// fraction of CPU lost, divided by the samples taken per CPU-second.
+fn cost_per_sample_us(ratio: f64, samples_per_cpu_second: f64) -> f64 {
+    (1.0 - ratio) / samples_per_cpu_second.max(1.0) * 1e6
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn mechanisms(secs: f64, rounds: usize) {
+    const HZ: u32 = 250;
+    let mut rows = Vec::new();
+    let mut results: [(Vec<f64>, Vec<f64>, String); 2] = Default::default();
+    for round in 0..rounds {
+        let (bare, _) = run(secs, false);
+        for (i, perf) in [true, false].into_iter().enumerate() {
+            let p = spanprof::Profiler::builder()
+                .baseline_hz(99)
+                .high_hz(HZ)
+                .use_perf_events(perf)
+                .start()
+                .expect("profiler");
+            results[i].2 = p.capabilities().mechanism.as_str().to_owned();
+            let (with, per_cpu_s) = run(secs, true);
+            p.stop();
+            results[i].0.push(with / bare);
+            results[i].1.push(per_cpu_s);
+            eprintln!(
+                "round {round}: {:<10} ratio {:.4}, {per_cpu_s:.0} samples per CPU-second, {:.1} µs per sample",
+                results[i].2,
+                with / bare,
+                cost_per_sample_us(with / bare, per_cpu_s)
+            );
+        }
+    }
+    for (ratios, captures, mechanism) in results {
+        let costs: Vec<f64> = ratios
+            .iter()
+            .zip(&captures)
+            .map(|(&r, &c)| cost_per_sample_us(r, c))
+            .collect();
+        rows.push(serde_json::json!({
+            "mechanism": mechanism, "requested_hz": HZ,
+            "throughput_ratio": median(ratios.clone()),
+            "samples_per_cpu_second": median(captures),
+            "cost_per_sample_us": median(costs.clone()),
+            "cost_per_sample_us_all_rounds": costs,
+        }));
+    }
+    print_json(
+        serde_json::json!({ "seconds_per_run": secs, "rounds": rounds, "mechanisms": rows }),
+    );
+}
+
 fn main() {
     let secs: f64 = arg("--seconds").map_or(3.0, |s| s.parse().expect("--seconds S"));
     let rounds: usize = arg("--rounds").map_or(3, |s| s.parse().expect("--rounds N"));
+    if spanprof_bench::flag("--mechanisms") {
+        return mechanisms(secs, rounds);
+    }
     let counter = AtomicU64::new(0);
     let mut rows = Vec::new();
     for &hz in RATES {
@@ -79,8 +143,7 @@ fn main() {
             counter.fetch_add(1, Ordering::Relaxed);
         }
         ratios.sort_by(|a, b| a.total_cmp(b));
-        captures.sort_by(|a, b| a.total_cmp(b));
-        let (ratio, capture) = (ratios[ratios.len() / 2], captures[captures.len() / 2]);
+        let (ratio, capture) = (ratios[ratios.len() / 2], median(captures));
         eprintln!(
             "{hz:>5} Hz: throughput ratio {ratio:.4}, {capture:.0} samples per CPU-second ({mechanism})"
         );
@@ -88,6 +151,7 @@ fn main() {
             "requested_hz": hz, "throughput_ratio": ratio,
             "throughput_ratio_min_max": [ratios[0], ratios[ratios.len() - 1]],
             "samples_per_cpu_second": capture, "capture_ratio": capture / f64::from(hz),
+            "cost_per_sample_us": cost_per_sample_us(ratio, capture),
             "mechanism": mechanism,
         }));
     }

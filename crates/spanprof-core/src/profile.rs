@@ -1,6 +1,6 @@
 //! The answer to a store query: aggregated samples with symbolized stacks and labels.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -160,30 +160,72 @@ impl Profile {
         self.samples.iter().map(|s| s.cpu_ns).sum()
     }
 
-    /// The "spine": functions on at least `percent` % of the CPU time of the stacks
-    /// that reach their thread's root (the runtime, the server, the handler's
-    /// caller). Truncated stacks ([`ProfileSample::is_truncated`]) lack their outer
-    /// frames, so they do not count. Ranking by total time without the spine puts
-    /// the code that did the work on top.
+    /// The "spine": the functions around the span's own code (the runtime, the
+    /// server, the framework), which every stack goes through. Ranking by total time
+    /// without them puts the code that did the work on top.
+    ///
+    /// Where a stack holds spanprof's own poll wrapper (the layer's response future
+    /// or a [`crate::Labelled`] future), the wrapper and the functions outside it
+    /// (rootward of its innermost frame) are spine, and the functions inside it
+    /// never are, however much of the time they take. Other functions are spine when they are on at least `percent` % of the
+    /// CPU time of the stacks that reach their thread's root: the stacks ending in
+    /// the two outermost frames most of the time ends in (say `thread_start` called
+    /// by `clone3`). Truncated stacks ([`ProfileSample::is_truncated`]) and stacks
+    /// whose unwinding broke early (in code without frame pointers) lack their outer
+    /// frames and do not count.
     pub fn spine(&self, percent: u64) -> Vec<Arc<str>> {
-        let whole = Profile {
-            samples: self
-                .samples
-                .iter()
-                .filter(|s| !s.is_truncated())
-                .cloned()
-                .collect(),
-            start: self.start,
-            duration_ns: self.duration_ns,
-            period_ns: self.period_ns,
+        fn root(s: &ProfileSample) -> Option<(&Arc<str>, &Arc<str>)> {
+            match &s.stack[..] {
+                [.., a, b] if !s.is_truncated() => Some((&a.function, &b.function)),
+                _ => None,
+            }
+        }
+        let is_wrapper = |f: &Frame| {
+            f.function.contains("spanprof_core::") || f.function.contains("spanprof_tower::")
         };
-        let total = whole.cpu_ns();
-        whole
-            .top_functions(usize::MAX)
+        let mut inside: HashSet<&Arc<str>> = HashSet::new();
+        let mut spine: HashSet<&Arc<str>> = HashSet::new();
+        let mut by_root: HashMap<(&Arc<str>, &Arc<str>), u64> = HashMap::new();
+        for s in &self.samples {
+            // The stack is leaf first: the first wrapper frame is the innermost,
+            // where the span's own code starts.
+            if let Some(w) = s.stack.iter().position(is_wrapper) {
+                inside.extend(s.stack[..w].iter().map(|f| &f.function));
+                spine.extend(s.stack[w..].iter().map(|f| &f.function));
+            }
+            if let Some(r) = root(s) {
+                *by_root.entry(r).or_default() += s.cpu_ns;
+            }
+        }
+        if let Some(whole_root) = by_root
             .into_iter()
-            .filter(|f| f.total_ns * 100 >= total * percent)
-            .map(|f| f.function)
-            .collect()
+            .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
+            .map(|(r, _)| r)
+        {
+            let mut on: HashMap<&Arc<str>, u64> = HashMap::new();
+            let mut total = 0;
+            for s in self.samples.iter().filter(|s| root(s) == Some(whole_root)) {
+                total += s.cpu_ns;
+                let mut seen: HashSet<&Arc<str>> = HashSet::new();
+                for f in s.stack.iter() {
+                    if seen.insert(&f.function) {
+                        *on.entry(&f.function).or_default() += s.cpu_ns;
+                    }
+                }
+            }
+            spine.extend(
+                on.into_iter()
+                    .filter(|&(_, ns)| ns * 100 >= total * percent)
+                    .map(|(f, _)| f),
+            );
+        }
+        let mut out: Vec<Arc<str>> = spine
+            .into_iter()
+            .filter(|f| !inside.contains(f))
+            .cloned()
+            .collect();
+        out.sort();
+        out
     }
 
     /// The same profile with every sample's `span_id` replaced by its local root's
@@ -310,21 +352,45 @@ mod spine_tests {
     }
 
     #[test]
-    fn truncated_stacks_do_not_hide_the_spine() {
-        // 30 % of the time in a deep recursion the unwinder cut short: those stacks
-        // never reach the runtime's frames, which are still the spine.
+    fn code_inside_the_labelled_future_is_never_spine() {
+        // The culprit takes all of the request's time: it is still not spine,
+        // being inside spanprof's wrapper; what is outside the wrapper is.
+        let wrapper = "<spanprof_tower::layer::future::ResponseFuture<F> as Future>::poll";
         let p = Profile {
             samples: vec![
-                sample(&["handler", "worker_run", "thread_start"], false, 70),
+                sample(
+                    &["load_attribute", "to_json", wrapper, "worker_run"],
+                    false,
+                    60,
+                ),
+                sample(&["to_json", wrapper, "worker_run"], false, 40),
+            ],
+            start: SystemTime::UNIX_EPOCH,
+            duration_ns: 1,
+            period_ns: 1,
+        };
+        let spine: Vec<String> = p.spine(97).iter().map(|f| f.to_string()).collect();
+        assert_eq!(spine, [wrapper, "worker_run"]);
+    }
+
+    #[test]
+    fn cut_stacks_do_not_hide_the_spine() {
+        // 30 % of the time in a deep recursion the unwinder cut short, 20 % in libc
+        // code without frame pointers where unwinding broke: those stacks never
+        // reach the runtime's frames, which are still the spine.
+        let p = Profile {
+            samples: vec![
+                sample(&["handler", "worker_run", "thread_start"], false, 50),
                 sample(&["deep", "deep", "handler"], true, 30),
+                sample(&["[libc.so.6]", "handler"], false, 10),
+                sample(&["[libc.so.6]"], false, 10),
             ],
             start: SystemTime::UNIX_EPOCH,
             duration_ns: 1,
             period_ns: 1,
         };
         assert!(p.samples[1].is_truncated() && !p.samples[0].is_truncated());
-        let mut spine: Vec<String> = p.spine(97).iter().map(|f| f.to_string()).collect();
-        spine.sort();
+        let spine: Vec<String> = p.spine(97).iter().map(|f| f.to_string()).collect();
         assert_eq!(spine, ["handler", "thread_start", "worker_run"]);
     }
 }

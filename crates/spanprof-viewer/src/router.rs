@@ -151,10 +151,8 @@ async fn flush(v: &Viewer) {
 #[derive(Deserialize)]
 struct TopQuery {
     n: Option<usize>,
-    /// `self` (default) or `total`: by total time, leaving out the "spine" (functions
-    /// on at least 97 % of the whole stacks: the runtime, the server, the handler's
-    /// caller). Stacks the unwinder truncated lack their outer frames, so they do
-    /// not count when finding the spine.
+    /// `self` (default) or `total`: by total time, leaving out the "spine" (the
+    /// runtime and server around the span's own code; see `Profile::spine`).
     by: Option<String>,
 }
 

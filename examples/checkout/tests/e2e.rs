@@ -93,7 +93,7 @@ fn slow_checkout_shows_its_code_in_the_api_and_the_browser() {
         let root_id = slowest["root_span_id"].as_str().unwrap();
 
         // Its profile: the code that made it slow among its top functions.
-        let top = get_json(&format!("{base}/api/spans/{root_id}/top?by=total&n=15")).await;
+        let top = get_json(&format!("{base}/api/spans/{root_id}/top?by=total&n=30")).await;
         let names: Vec<&str> = top["functions"]
             .as_array()
             .unwrap()
