@@ -152,7 +152,9 @@ async fn flush(v: &Viewer) {
 struct TopQuery {
     n: Option<usize>,
     /// `self` (default) or `total`: by total time, leaving out the "spine" (the
-    /// runtime and server around the span's own code; see `Profile::spine`).
+    /// runtime and server around the span's own code; see `Profile::spine`) and
+    /// the bracketed stand-ins (`[libc.so.6]`: every unnamed function of a module
+    /// in one, whose total means nothing).
     by: Option<String>,
 }
 
@@ -178,7 +180,7 @@ async fn top(
     let mut functions = p.top_functions(usize::MAX);
     if q.by.as_deref() == Some("total") {
         let spine = p.spine(97);
-        functions.retain(|f| !spine.contains(&f.function));
+        functions.retain(|f| !spine.contains(&f.function) && !f.function.starts_with('['));
         functions.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(b.self_ns.cmp(&a.self_ns)));
     }
     functions.truncate(q.n.unwrap_or(20).min(200));
