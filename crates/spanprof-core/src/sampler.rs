@@ -261,6 +261,9 @@ fn start_platform(cfg: ProfilerBuilder) -> Result<Arc<ProfilerInner>, ProfilerEr
         effective_high_hz,
         max_high_hz,
     };
+    if let Some((lo, hi)) = crate::symbolize::executable_text() {
+        sys::set_frame_pointer_text(lo as usize, hi as usize);
+    }
     sys::install_handler()?;
     RING_CAPACITY.store(cfg.ring_capacity, Ordering::Relaxed);
     let run = RunConfig {

@@ -25,7 +25,8 @@ pub(crate) struct AddressSymbolizer {
     modules: Vec<(u64, u64, String)>,
 }
 
-/// Executable file mappings of this process from `/proc/self/maps`.
+/// Executable file mappings of this process from `/proc/self/maps`: (start, end,
+/// path).
 fn read_modules() -> Vec<(u64, u64, String)> {
     let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
         return Vec::new();
@@ -40,14 +41,25 @@ fn read_modules() -> Vec<(u64, u64, String)> {
                 return None;
             }
             let (a, b) = range.split_once('-')?;
-            let name = path.rsplit('/').next().unwrap_or(path).to_owned();
             Some((
                 u64::from_str_radix(a, 16).ok()?,
                 u64::from_str_radix(b, 16).ok()?,
-                name,
+                path.to_owned(),
             ))
         })
         .collect()
+}
+
+/// The address range of the main executable's code (built with frame pointers),
+/// for the unwinder's leaf-caller recovery; `None` when it cannot be read.
+pub(crate) fn executable_text() -> Option<(u64, u64)> {
+    let exe = std::fs::read_link("/proc/self/exe").ok()?;
+    let exe = exe.to_str()?;
+    read_modules()
+        .into_iter()
+        .filter(|(_, _, path)| path == exe)
+        .map(|(a, b, _)| (a, b))
+        .reduce(|(a, b), (c, d)| (a.min(c), b.max(d)))
 }
 
 /// `[module]` for an address in a mapped file, else its hex address.
@@ -55,7 +67,7 @@ fn unknown_name(modules: &mut Vec<(u64, u64, String)>, addr: u64) -> String {
     let find = |m: &Vec<(u64, u64, String)>| {
         m.iter()
             .find(|(a, b, _)| (*a..*b).contains(&addr))
-            .map(|(_, _, n)| format!("[{n}]"))
+            .map(|(_, _, path)| format!("[{}]", path.rsplit('/').next().unwrap_or(path)))
     };
     if let Some(n) = find(modules) {
         return n;

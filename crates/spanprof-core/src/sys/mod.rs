@@ -31,6 +31,8 @@ pub(crate) use handler::{
 };
 #[cfg(spanprof_sampler)]
 pub(crate) use thread::{ThreadSampler, probe_perf_events};
+#[cfg(spanprof_sampler)]
+pub(crate) use unwind::set_frame_pointer_text;
 
 #[cfg(not(spanprof_sampler))]
 mod unsupported;

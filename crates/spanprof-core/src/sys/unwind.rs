@@ -2,7 +2,20 @@
 //! step against the interrupted thread's stack so that code without frame pointers
 //! (glibc, for one) ends the walk cleanly instead of faulting.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use super::MAX_FRAMES;
+
+/// The main executable's code range, `[TEXT_LO, TEXT_HI)`: code built with frame
+/// pointers. Empty (0, 0) until set.
+static TEXT_LO: AtomicUsize = AtomicUsize::new(0);
+static TEXT_HI: AtomicUsize = AtomicUsize::new(0);
+
+/// Sets the range of code that has frame pointers, for leaf-caller recovery.
+pub(crate) fn set_frame_pointer_text(lo: usize, hi: usize) {
+    TEXT_LO.store(lo, Ordering::Relaxed);
+    TEXT_HI.store(hi, Ordering::Relaxed);
+}
 
 /// Registers of the interrupted context.
 pub(crate) struct Regs {
@@ -72,6 +85,28 @@ pub(crate) unsafe fn walk(
         return (n, false);
     }
     let lo = regs.sp;
+    // Leaf-caller recovery (x86_64): a sample inside code without frame pointers
+    // (glibc's memcpy, say) leaves the frame pointer at its caller's frame record, so
+    // the walk below would skip the caller itself. A leaf function that pushed
+    // nothing has its return address at the stack pointer: when the pc is outside
+    // the executable's code and the word at the stack pointer points into it, that
+    // word is taken as the caller.
+    #[cfg(target_arch = "x86_64")]
+    {
+        let text = TEXT_LO.load(Ordering::Relaxed)..TEXT_HI.load(Ordering::Relaxed);
+        if !text.contains(&regs.pc)
+            && regs.sp.is_multiple_of(std::mem::align_of::<usize>())
+            && regs.sp <= stack_hi - 8
+        {
+            // SAFETY: `sp` is aligned and inside [stack_lo, stack_hi - 8] (checked
+            // above), the mapped stack of the interrupted thread.
+            let ret = unsafe { *(regs.sp as *const usize) };
+            if text.contains(&ret) {
+                out[n] = ret as u64;
+                n += 1;
+            }
+        }
+    }
     let mut fp = regs.fp;
     while n < MAX_FRAMES {
         if fp < lo || !fp.is_multiple_of(std::mem::align_of::<usize>()) || fp > stack_hi - 16 {
