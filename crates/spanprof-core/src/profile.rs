@@ -204,20 +204,23 @@ impl Profile {
         {
             let mut on: HashMap<&Arc<str>, u64> = HashMap::new();
             let mut total = 0;
+            let mut seen: HashSet<&Arc<str>> = HashSet::new();
             for s in self.samples.iter().filter(|s| root(s) == Some(whole_root)) {
                 total += s.cpu_ns;
-                let mut seen: HashSet<&Arc<str>> = HashSet::new();
+                seen.clear();
                 for f in s.stack.iter() {
                     if seen.insert(&f.function) {
                         *on.entry(&f.function).or_default() += s.cpu_ns;
                     }
                 }
             }
-            spine.extend(
-                on.into_iter()
-                    .filter(|&(_, ns)| ns * 100 >= total * percent)
-                    .map(|(f, _)| f),
-            );
+            if total > 0 {
+                spine.extend(
+                    on.into_iter()
+                        .filter(|&(_, ns)| ns * 100 >= total * percent)
+                        .map(|(f, _)| f),
+                );
+            }
         }
         let mut out: Vec<Arc<str>> = spine
             .into_iter()

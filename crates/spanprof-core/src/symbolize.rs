@@ -33,10 +33,21 @@ fn read_modules() -> Vec<(u64, u64, String)> {
     };
     maps.lines()
         .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let range = f.next()?;
-            let perms = f.next()?;
-            let path = f.nth(3)?;
+            // address perms offset dev inode, then the path: the rest of the line,
+            // spaces and all.
+            let mut rest = l;
+            let mut fields = [""; 5];
+            for field in &mut fields {
+                rest = rest.trim_start();
+                let end = rest.find(char::is_whitespace)?;
+                *field = &rest[..end];
+                rest = &rest[end..];
+            }
+            let [range, perms, ..] = fields;
+            let path = rest.trim();
+            if path.is_empty() {
+                return None;
+            }
             if !perms.contains('x') {
                 return None;
             }
@@ -51,7 +62,9 @@ fn read_modules() -> Vec<(u64, u64, String)> {
 }
 
 /// The address range of the main executable's code (built with frame pointers),
-/// for the unwinder's leaf-caller recovery; `None` when it cannot be read.
+/// for the unwinder's leaf-caller recovery: its largest executable mapping, one
+/// contiguous mapped range (the signal handler reads code bytes inside it). `None`
+/// when it cannot be read.
 pub(crate) fn executable_text() -> Option<(u64, u64)> {
     let exe = std::fs::read_link("/proc/self/exe").ok()?;
     let exe = exe.to_str()?;
@@ -59,7 +72,7 @@ pub(crate) fn executable_text() -> Option<(u64, u64)> {
         .into_iter()
         .filter(|(_, _, path)| path == exe)
         .map(|(a, b, _)| (a, b))
-        .reduce(|(a, b), (c, d)| (a.min(c), b.max(d)))
+        .max_by_key(|&(a, b)| b - a)
 }
 
 /// `[module]` for an address in a mapped file, else its hex address.
@@ -252,8 +265,7 @@ mod tests {
         let addr = marker_function_for_symbolizer as *const () as u64;
         let mut s = AddressSymbolizer::new();
         let frames = s.stack(&[addr]);
-        // The full path, from the workspace's test profile (`debug =
-        // "line-tables-only"`).
+        // The full path, from the workspace's test profile (`debug = "limited"`).
         assert!(
             frames.iter().any(|f| &*f.function
                 == "spanprof_core::symbolize::tests::marker_function_for_symbolizer"),

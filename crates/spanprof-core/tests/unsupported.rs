@@ -1,13 +1,27 @@
 //! The stand-in built where the sampler is not (every target but Linux). Here it
 //! is built on Linux with `RUSTFLAGS="--cfg spanprof_force_unsupported"`, the
-//! way `scripts/test` does; in a normal build this file compiles to nothing.
-#![cfg(spanprof_force_unsupported)]
+//! way `scripts/test` does; in a normal build only the guard below runs.
 
+/// `scripts/test` sets `SPANPROF_EXPECT_STAND_IN=1` when it builds the stand-in:
+/// if the cfg got lost on the way (another variable overriding `RUSTFLAGS`), the
+/// tests below would silently not exist, so this one fails instead.
+#[test]
+fn the_stand_in_is_built_when_the_test_script_asks_for_it() {
+    let asked = std::env::var_os("SPANPROF_EXPECT_STAND_IN").is_some();
+    if asked && !cfg!(spanprof_force_unsupported) {
+        panic!(
+            "SPANPROF_EXPECT_STAND_IN is set but --cfg spanprof_force_unsupported did not arrive"
+        );
+    }
+}
+
+#[cfg(spanprof_force_unsupported)]
 use spanprof_core::{
     Profiler, ProfilerBuilder, ProfilerError, SpanLabels, WithSpanLabels, current_labels,
     register_current_thread,
 };
 
+#[cfg(spanprof_force_unsupported)]
 #[test]
 fn starting_a_profiler_says_clearly_that_profiling_is_unavailable() {
     let err = ProfilerBuilder::new()
@@ -26,6 +40,7 @@ fn starting_a_profiler_says_clearly_that_profiling_is_unavailable() {
     assert!(!register_current_thread(), "no thread is ever armed");
 }
 
+#[cfg(spanprof_force_unsupported)]
 #[test]
 fn labels_still_follow_every_poll() {
     let labels = SpanLabels::builder()

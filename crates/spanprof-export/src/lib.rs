@@ -244,12 +244,18 @@ pub(crate) fn http_client(
             builder = builder.add_root_certificate(cert);
         }
     }
-    builder
-        .build()
-        .map_err(|e| ExportError::config("http client", e.to_string()))
+    builder.build().map_err(|e| {
+        let field = if ca_pem.is_some() {
+            field
+        } else {
+            "http client"
+        };
+        ExportError::config(field, e.to_string())
+    })
 }
 
-/// The certificates of a PEM bundle; an error naming `field` when it holds none.
+/// The certificates of a PEM bundle; an error naming `field` when it holds none or
+/// one that does not parse as a certificate.
 pub(crate) fn parse_ca_certificates(
     field: &str,
     pem: &[u8],
@@ -262,17 +268,50 @@ pub(crate) fn parse_ca_certificates(
             "holds no PEM certificate (`-----BEGIN CERTIFICATE-----`)",
         ));
     }
+    // The PEM armour can be right around bytes that are no certificate: a client
+    // built with them says so here, naming the field, not at the first send.
+    let mut builder = reqwest::Client::builder();
+    for c in &certs {
+        builder = builder.add_root_certificate(c.clone());
+    }
+    builder
+        .build()
+        .map_err(|e| ExportError::config(field, format!("not a valid certificate: {e}")))?;
     Ok(certs)
 }
 
 /// Reads a PEM file of CA certificates named by configuration `field` (a variable
 /// such as `OTEL_EXPORTER_OTLP_CERTIFICATE`); errors name the field and the path.
+/// Only the file's `CERTIFICATE` blocks are kept: a private key in the same file
+/// is dropped, so it can never be printed with the configuration.
 pub fn read_ca_certificates(field: &str, path: &std::path::Path) -> Result<Vec<u8>, ExportError> {
     let pem = std::fs::read(path).map_err(|e| {
         ExportError::config(field, format!("cannot read `{}`: {e}", path.display()))
     })?;
-    parse_ca_certificates(field, &pem)?;
-    Ok(pem)
+    let certs = certificate_blocks(&String::from_utf8_lossy(&pem));
+    parse_ca_certificates(field, certs.as_bytes())?;
+    Ok(certs.into_bytes())
+}
+
+/// The `-----BEGIN CERTIFICATE-----` … `-----END CERTIFICATE-----` blocks of a PEM
+/// text, and nothing else.
+fn certificate_blocks(pem: &str) -> String {
+    let mut out = String::new();
+    let mut inside = false;
+    for line in pem.lines() {
+        let line = line.trim();
+        if line == "-----BEGIN CERTIFICATE-----" {
+            inside = true;
+        }
+        if inside {
+            out.push_str(line);
+            out.push('\n');
+        }
+        if line == "-----END CERTIFICATE-----" {
+            inside = false;
+        }
+    }
+    out
 }
 
 /// Maps a response (or a transport error) to the retry policy.

@@ -338,7 +338,10 @@ impl Transport for GrpcTransport {
                 Err(status) => {
                     use tonic::Code;
                     match status.code() {
+                        // `Cancelled` is what tonic reports when the endpoint's
+                        // timeout cuts a connect or a call short.
                         Code::Unavailable
+                        | Code::Cancelled
                         | Code::DeadlineExceeded
                         | Code::ResourceExhausted
                         | Code::Aborted
@@ -388,9 +391,14 @@ impl OtlpProfilesExporter {
                         crate::parse_ca_certificates("ca_certificates_pem", pem)?;
                         tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(pem));
                     }
+                    let field = if cfg.ca_certificates_pem.is_some() {
+                        "ca_certificates_pem"
+                    } else {
+                        "endpoint"
+                    };
                     endpoint = endpoint
                         .tls_config(tls)
-                        .map_err(|e| ExportError::config("endpoint", e.to_string()))?;
+                        .map_err(|e| ExportError::config(field, e.to_string()))?;
                 }
                 Delivery::start(
                     "otlp-profiles",

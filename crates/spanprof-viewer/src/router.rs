@@ -179,7 +179,7 @@ async fn top(
     let total = p.cpu_ns().max(1);
     let mut functions = p.top_functions(usize::MAX);
     if q.by.as_deref() == Some("total") {
-        let spine = p.spine(97);
+        let spine: std::collections::HashSet<_> = p.spine(97).into_iter().collect();
         functions.retain(|f| !spine.contains(&f.function) && !f.function.starts_with('['));
         functions.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(b.self_ns.cmp(&a.self_ns)));
     }

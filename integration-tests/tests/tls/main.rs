@@ -210,6 +210,41 @@ fn a_bad_certificate_setting_names_its_variable() {
         "the file's content is not echoed: {garbage}"
     );
 
+    // Certificate armour around bytes that are no certificate.
+    let bogus = dir.join("bogus.pem");
+    std::fs::write(
+        &bogus,
+        "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    let bogus_err = OtlpProfilesConfig::from_lookup(|k| match k {
+        "OTEL_EXPORTER_OTLP_ENDPOINT" => Some("https://collector:4318".into()),
+        "OTEL_EXPORTER_OTLP_CERTIFICATE" => Some(bogus.display().to_string()),
+        _ => None,
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        bogus_err.contains("OTEL_EXPORTER_OTLP_CERTIFICATE"),
+        "{bogus_err}"
+    );
+
+    // A certificate and its key in one file: only the certificate is kept, so the
+    // key can never be printed with the configuration.
+    let (cert, key, _) = localhost_cert();
+    let both = dir.join("both.pem");
+    std::fs::write(&both, format!("{key}{cert}")).unwrap();
+    let cfg = PyroscopeConfig::from_lookup(|k| match k {
+        "PYROSCOPE_SERVER_ADDRESS" => Some("https://pyroscope:4040".into()),
+        "PYROSCOPE_CA_CERT_FILE" => Some(both.display().to_string()),
+        _ => None,
+    })
+    .unwrap()
+    .unwrap();
+    let kept = String::from_utf8(cfg.ca_certificates_pem.clone().unwrap()).unwrap();
+    assert!(kept.contains("BEGIN CERTIFICATE") && !kept.contains("PRIVATE KEY"));
+    assert!(!format!("{cfg:?}").contains("PRIVATE"));
+
     let mut cfg = pyroscope("https://pyroscope:4040".into(), Some("not a certificate"));
     cfg.interval = Duration::from_secs(1);
     let profiler = Profiler::current_or_start().expect("profiler");

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::MAX_FRAMES;
 
 /// The main executable's code range, `[TEXT_LO, TEXT_HI)`: code built with frame
-/// pointers. Empty (0, 0) until set.
+/// pointers, one contiguous readable mapping. Empty (0, 0) until set.
 static TEXT_LO: AtomicUsize = AtomicUsize::new(0);
 static TEXT_HI: AtomicUsize = AtomicUsize::new(0);
 
@@ -62,6 +62,21 @@ pub(crate) unsafe fn regs(uctx: *const libc::c_void) -> Regs {
     }
 }
 
+/// Whether the bytes before `ret` end a call instruction: `call rel32`
+/// (`E8 xx xx xx xx`, through the PLT), `call [rip + disp32]` (`FF 15 xx xx xx xx`,
+/// through the GOT) or `call reg` (`FF D0`..`FF D7`). A word on the stack that merely
+/// points into the code (a saved function pointer) rarely passes.
+///
+/// # Safety
+/// `[ret - 6, ret)` must be mapped, readable memory.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn follows_call(ret: usize) -> bool {
+    // SAFETY: the caller guarantees `[ret - 6, ret)` is readable; k is 1..=6.
+    let b = |k: usize| unsafe { *((ret - k) as *const u8) };
+    b(5) == 0xE8 || (b(6) == 0xFF && b(5) == 0x15) || (b(2) == 0xFF && (b(1) & 0xF8) == 0xD0)
+}
+
 /// Walks the frame-pointer chain into `out` (leaf first). Returns the number of
 /// frames and whether the walk stopped at [`MAX_FRAMES`] with frames left.
 ///
@@ -89,8 +104,8 @@ pub(crate) unsafe fn walk(
     // (glibc's memcpy, say) leaves the frame pointer at its caller's frame record, so
     // the walk below would skip the caller itself. A leaf function that pushed
     // nothing has its return address at the stack pointer: when the pc is outside
-    // the executable's code and the word at the stack pointer points into it, that
-    // word is taken as the caller.
+    // the executable's code and the word at the stack pointer points into it, just
+    // after a call instruction, that word is taken as the caller.
     #[cfg(target_arch = "x86_64")]
     {
         let text = TEXT_LO.load(Ordering::Relaxed)..TEXT_HI.load(Ordering::Relaxed);
@@ -101,7 +116,9 @@ pub(crate) unsafe fn walk(
             // SAFETY: `sp` is aligned and inside [stack_lo, stack_hi - 8] (checked
             // above), the mapped stack of the interrupted thread.
             let ret = unsafe { *(regs.sp as *const usize) };
-            if text.contains(&ret) {
+            // SAFETY: `[ret - 6, ret)` lies inside the executable's code mapping
+            // (`ret` in it and at least 6 bytes past its start), which is readable.
+            if text.contains(&ret) && ret >= text.start + 6 && unsafe { follows_call(ret) } {
                 out[n] = ret as u64;
                 n += 1;
             }
