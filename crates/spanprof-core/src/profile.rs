@@ -260,6 +260,19 @@ impl Profile {
         self.samples.retain(|s| keep(s));
     }
 
+    /// Functions ordered by total time (then self time), at most `n` of them,
+    /// leaving out the [spine](Profile::spine) and the bracketed stand-ins
+    /// (`[libc.so.6]`: every unnamed function of a module in one, whose total means
+    /// nothing): the code that did the work, outermost first.
+    pub fn top_functions_by_total(&self, n: usize) -> Vec<FunctionCost> {
+        let spine: HashSet<Arc<str>> = self.spine(97).into_iter().collect();
+        let mut functions = self.top_functions(usize::MAX);
+        functions.retain(|f| !spine.contains(&f.function) && !f.function.starts_with('['));
+        functions.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(b.self_ns.cmp(&a.self_ns)));
+        functions.truncate(n);
+        functions
+    }
+
     /// Functions ordered by self time (then total time), at most `n` of them.
     pub fn top_functions(&self, n: usize) -> Vec<FunctionCost> {
         let mut by_name: HashMap<Arc<str>, FunctionCost> = HashMap::new();
@@ -374,6 +387,12 @@ mod spine_tests {
         };
         let spine: Vec<String> = p.spine(97).iter().map(|f| f.to_string()).collect();
         assert_eq!(spine, [wrapper, "worker_run"]);
+        let top: Vec<String> = p
+            .top_functions_by_total(10)
+            .iter()
+            .map(|f| f.function.to_string())
+            .collect();
+        assert_eq!(top, ["to_json", "load_attribute"]);
     }
 
     #[test]

@@ -151,10 +151,8 @@ async fn flush(v: &Viewer) {
 #[derive(Deserialize)]
 struct TopQuery {
     n: Option<usize>,
-    /// `self` (default) or `total`: by total time, leaving out the "spine" (the
-    /// runtime and server around the span's own code; see `Profile::spine`) and
-    /// the bracketed stand-ins (`[libc.so.6]`: every unnamed function of a module
-    /// in one, whose total means nothing).
+    /// `self` (default) or `total`: by total time without the runtime around the
+    /// span's own code (`Profile::top_functions_by_total`).
     by: Option<String>,
 }
 
@@ -177,13 +175,12 @@ async fn top(
         Err(r) => return *r,
     };
     let total = p.cpu_ns().max(1);
-    let mut functions = p.top_functions(usize::MAX);
-    if q.by.as_deref() == Some("total") {
-        let spine: std::collections::HashSet<_> = p.spine(97).into_iter().collect();
-        functions.retain(|f| !spine.contains(&f.function) && !f.function.starts_with('['));
-        functions.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(b.self_ns.cmp(&a.self_ns)));
-    }
-    functions.truncate(q.n.unwrap_or(20).min(200));
+    let n = q.n.unwrap_or(20).min(200);
+    let functions = if q.by.as_deref() == Some("total") {
+        p.top_functions_by_total(n)
+    } else {
+        p.top_functions(n)
+    };
     let rows: Vec<TopRow> = functions
         .into_iter()
         .map(|f| TopRow {

@@ -6,13 +6,13 @@ use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use spanprof::tower::{GrpcRoute, ProfileCorrelationLayer, RoutePolicy};
+use spanprof::tower::GrpcRoute;
 use tonic::{Request, Response, Status};
 use tower_http::trace::TraceLayer;
 
 use crate::proto::inventory_server::{Inventory, InventoryServer};
 use crate::proto::{ReserveReply, ReserveRequest};
-use crate::telemetry::server_span;
+use crate::telemetry::{backend_layer, server_span};
 
 /// Stock by SKU.
 #[derive(Debug, Default)]
@@ -50,15 +50,7 @@ fn check_stock(levels: &Mutex<HashMap<String, u32>>, req: &ReserveRequest) -> u3
 pub async fn serve(addr: SocketAddr) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    let layer = ProfileCorrelationLayer::builder()
-        .default_policy(
-            RoutePolicy::new()
-                .sample_rate(0.1)
-                .slow_after(Duration::from_millis(100)),
-        )
-        .build()
-        .map_err(std::io::Error::other)?
-        .make_route(GrpcRoute);
+    let layer = backend_layer()?.make_route(GrpcRoute);
     tokio::spawn(async move {
         let r = tonic::transport::Server::builder()
             .layer(

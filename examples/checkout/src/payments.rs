@@ -11,10 +11,9 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use spanprof::tower::hyper::ProfiledService;
-use spanprof::tower::{ProfileCorrelationLayer, RoutePolicy};
 use tracing::Instrument;
 
-use crate::telemetry::server_span;
+use crate::telemetry::{backend_layer, server_span};
 
 /// A fraud score: a little CPU per payment.
 #[inline(never)]
@@ -52,14 +51,7 @@ fn route(req: &http::Request<Incoming>) -> Option<String> {
 pub async fn serve(addr: SocketAddr) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    let layer = ProfileCorrelationLayer::builder()
-        .default_policy(
-            RoutePolicy::new()
-                .sample_rate(0.1)
-                .slow_after(Duration::from_millis(100)),
-        )
-        .build()
-        .map_err(std::io::Error::other)?;
+    let layer = backend_layer()?;
     tokio::spawn(async move {
         loop {
             let Ok((io, _)) = listener.accept().await else {

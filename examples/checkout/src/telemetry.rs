@@ -116,3 +116,17 @@ pub fn inject(headers: &mut http::HeaderMap) {
     let cx = tracing::Span::current().context();
     TraceContextPropagator::new().inject_context(&cx, &mut HeaderInjector(headers));
 }
+
+/// The profiling layer of the two backend services (inventory, payments): every
+/// call labelled, 10 % of traces and every call past 100 ms profiled at the high
+/// rate.
+pub fn backend_layer() -> std::io::Result<spanprof::tower::ProfileCorrelationLayer> {
+    spanprof::tower::ProfileCorrelationLayer::builder()
+        .default_policy(
+            spanprof::tower::RoutePolicy::new()
+                .sample_rate(0.1)
+                .slow_after(std::time::Duration::from_millis(100)),
+        )
+        .build()
+        .map_err(std::io::Error::other)
+}
