@@ -302,9 +302,117 @@ pub fn run_and_score(w: &Workload, profiler: &spanprof::Profiler, hooks: bool) -
     outcome
 }
 
+/// Iterations of `BURNERS[class]` that take about one microsecond of CPU here.
+pub fn iterations_per_us(class: usize) -> u64 {
+    let n = 2_000_000;
+    let start = spanprof::thread_cpu_time();
+    black_box(BURNERS[class].1(n));
+    let ns = (spanprof::thread_cpu_time() - start).as_nanos().max(1) as u64;
+    (n * 1000 / ns).max(1)
+}
+
+/// Hot and cold work taking turns on one thread, and how well each span's CPU
+/// estimate matches its CPU.
+#[derive(Debug, Clone, Copy)]
+pub struct Interleaving {
+    /// CPU of one hot poll, µs.
+    pub hot_poll_us: u64,
+    /// CPU of one cold poll, µs.
+    pub cold_poll_us: u64,
+    /// CPU the hot span gets in all, ms.
+    pub hot_cpu_ms: u64,
+}
+
+/// What [`Interleaving::run`] measured.
+#[derive(Debug, Clone, Copy)]
+pub struct InterleavingOutcome {
+    /// The hot span's CPU estimate (`SpanLabels::cpu_ns`) over its CPU time.
+    pub hot_ratio: f64,
+    /// The same for the cold span.
+    pub cold_ratio: f64,
+    /// Samples of the hot span.
+    pub hot_samples: u64,
+    /// Samples of the cold span.
+    pub cold_samples: u64,
+}
+
+impl Interleaving {
+    /// Runs it on a new registered thread: each poll burns a fixed number of
+    /// iterations with no system call inside (nothing jitters the sampler's phase),
+    /// the thread's CPU time is read between polls.
+    pub fn run(&self, profiler: &spanprof::Profiler, span_base: u64) -> InterleavingOutcome {
+        let hot = SpanLabels::builder()
+            .span_id(span_base)
+            .span_name("interleaved-hot")
+            .route("/hot")
+            .hot(Hotness::Sampled)
+            .build();
+        let cold = SpanLabels::builder()
+            .span_id(span_base + 1)
+            .span_name("interleaved-cold")
+            .route("/cold")
+            .build();
+        let (hot_ns, cold_ns) = std::thread::scope(|s| {
+            s.spawn(|| {
+                spanprof::register_current_thread();
+                let iters = [
+                    iterations_per_us(0) * self.hot_poll_us,
+                    iterations_per_us(1) * self.cold_poll_us,
+                ];
+                let mut spent = [0u64; 2];
+                while spent[0] < self.hot_cpu_ms * 1_000_000 {
+                    for (i, labels) in [&hot, &cold].into_iter().enumerate() {
+                        let start = spanprof::thread_cpu_time();
+                        {
+                            let _poll = labels.enter();
+                            black_box(BURNERS[i].1(iters[i]));
+                        }
+                        spent[i] += (spanprof::thread_cpu_time() - start).as_nanos() as u64;
+                    }
+                }
+                (spent[0], spent[1])
+            })
+            .join()
+            .expect("interleaving thread")
+        });
+        profiler.flush();
+        InterleavingOutcome {
+            hot_ratio: hot.cpu_ns() as f64 / hot_ns as f64,
+            cold_ratio: cold.cpu_ns() as f64 / cold_ns as f64,
+            hot_samples: hot.cpu_samples(),
+            cold_samples: cold.cpu_samples(),
+        }
+    }
+}
+
 /// Prints `value` as the last line of output, as every bench binary does.
 pub fn print_json(value: serde_json::Value) {
     println!("{value}");
+}
+
+/// A `kB` field of this process's `/proc/self/status` (`VmRSS:`, `RssAnon:`) in
+/// KiB; 0 where it cannot be read.
+pub fn proc_status_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// The labels of one generated request: its own trace and span, a route of the
+/// form `GET /route/{n}`, hot (sampled at the high rate) or cold.
+pub fn request_labels(trace_id: u128, span_id: u64, route: u64, hot: bool) -> SpanLabels {
+    SpanLabels::builder()
+        .trace_id(trace_id)
+        .span_id(span_id)
+        .span_name("request")
+        .route(&format!("GET /route/{route}"))
+        .hot(if hot { Hotness::Sampled } else { Hotness::Cold })
+        .build()
 }
 
 /// The value following `--name` on this program's command line.

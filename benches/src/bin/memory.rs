@@ -8,19 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use spanprof::{Hotness, SpanLabels};
 use spanprof_bench::{BURNERS, arg, print_json};
 
 fn rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        })
-        .unwrap_or(0.0)
-        / 1024.0
+    spanprof_bench::proc_status_kib("VmRSS:") as f64 / 1024.0
 }
 
 fn main() {
@@ -45,17 +36,12 @@ fn main() {
                         std::thread::sleep(wait);
                     }
                     i += 1;
-                    let l = SpanLabels::builder()
-                        .trace_id(u128::from(t) << 96 | u128::from(i))
-                        .span_id(t << 48 | i)
-                        .span_name("request")
-                        .route(&format!("GET /route/{}", i % 20))
-                        .hot(if i.is_multiple_of(100) {
-                            Hotness::Sampled
-                        } else {
-                            Hotness::Cold
-                        })
-                        .build();
+                    let l = spanprof_bench::request_labels(
+                        u128::from(t) << 96 | u128::from(i),
+                        t << 48 | i,
+                        i % 20,
+                        i.is_multiple_of(100),
+                    );
                     let _g = l.enter();
                     BURNERS[(i % 8) as usize].1(1_500 + (i % 7) * 200);
                     made.fetch_add(1, Ordering::Relaxed);

@@ -2,13 +2,19 @@
 //! interval into a bounded queue, and a processing thread symbolizes new stacks off
 //! the hot path and feeds the store. Two threads, so that a slow symbolization (the
 //! first DWARF parse takes a while) never leaves the rings undrained.
+//!
+//! Its caches (symbolized stacks by raw addresses, the symbolizer's frames and
+//! names, the labels of open windows) are bounded by bytes, together
+//! [`crate::ProfilerBuilder::cache_bytes`], with evictions counted; their figures
+//! are in [`crate::Profiler::memory_stats`].
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::cache::{BoundedCache, CacheStats};
 use crate::intern::NameId;
 use crate::profile::{Hotness, SampleLabels, Stack};
 use crate::store::{IncomingLabels, IncomingSample, SpanProfileStore};
@@ -19,6 +25,11 @@ use crate::window::WindowInner;
 /// Most samples waiting for symbolization; past it samples are dropped and counted.
 pub(crate) const MAX_BACKLOG: usize = 1 << 16;
 
+/// Shares of [`crate::ProfilerBuilder::cache_bytes`], in eighths: symbolized stacks
+/// by raw addresses, the symbolizer's frames and names; window labels get the rest.
+const STACK_CACHE_EIGHTHS: usize = 4;
+const SYMBOL_CACHE_EIGHTHS: usize = 3;
+
 /// A drained sample: labels and its frames only (the ring slot is fixed-size).
 struct Drained {
     labels: Option<IncomingLabels>,
@@ -27,18 +38,39 @@ struct Drained {
     weight_ns: u64,
 }
 
+impl Drained {
+    /// Estimated bytes while queued.
+    fn bytes(&self) -> usize {
+        std::mem::size_of::<Drained>() + std::mem::size_of_val(&*self.addrs)
+    }
+}
+
 #[derive(Default)]
 struct Queue {
     samples: VecDeque<Drained>,
+    /// Estimated bytes of `samples`.
+    bytes: usize,
     enqueued: u64,
     processed: u64,
     stop: bool,
+}
+
+/// The collector's memory figures, published after each batch.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CollectorMemory {
+    pub(crate) stacks: CacheStats,
+    pub(crate) symbols: CacheStats,
+    pub(crate) labels: CacheStats,
+    pub(crate) windows: usize,
+    pub(crate) window_entries: usize,
+    pub(crate) window_bytes: usize,
 }
 
 struct Shared {
     queue: Mutex<Queue>,
     cv: Condvar,
     dropped_backlog: AtomicU64,
+    memory: Mutex<CollectorMemory>,
 }
 
 impl Shared {
@@ -66,7 +98,9 @@ impl Shared {
                 self.dropped_backlog.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            q.samples.push_back(compact(s));
+            let d = compact(s);
+            q.bytes += d.bytes();
+            q.samples.push_back(d);
             q.enqueued += 1;
         }
         drop(q);
@@ -103,11 +137,16 @@ pub(crate) struct Collector {
 }
 
 impl Collector {
-    pub(crate) fn start(store: SpanProfileStore, interval: Duration) -> Collector {
+    pub(crate) fn start(
+        store: SpanProfileStore,
+        interval: Duration,
+        cache_bytes: usize,
+    ) -> Collector {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             cv: Condvar::new(),
             dropped_backlog: AtomicU64::new(0),
+            memory: Mutex::new(CollectorMemory::default()),
         });
         let drainer = {
             let shared = shared.clone();
@@ -134,7 +173,7 @@ impl Collector {
             let windows = windows.clone();
             std::thread::Builder::new()
                 .name("spanprof-collector".into())
-                .spawn(move || process(shared, store, windows))
+                .spawn(move || process(shared, store, windows, cache_bytes))
                 .expect("spawn the spanprof collector thread")
         };
         Collector {
@@ -157,6 +196,12 @@ impl Collector {
     /// Samples dropped because the symbolization backlog was full.
     pub(crate) fn dropped_backlog(&self) -> u64 {
         self.shared.dropped_backlog.load(Ordering::Relaxed)
+    }
+
+    /// The caches' figures after the last batch, and the backlog's bytes now.
+    pub(crate) fn memory(&self) -> (CollectorMemory, usize) {
+        let m = *self.shared.memory.lock().unwrap_or_else(|e| e.into_inner());
+        (m, self.shared.lock().bytes)
     }
 
     /// Drains what is left, processes it and stops both threads.
@@ -184,10 +229,13 @@ fn process(
     shared: Arc<Shared>,
     store: SpanProfileStore,
     windows: Arc<Mutex<Vec<Weak<WindowInner>>>>,
+    cache_bytes: usize,
 ) {
-    let mut symbolizer = AddressSymbolizer::new();
-    let mut stacks: HashMap<Box<[u64]>, Stack> = HashMap::new();
-    let mut labels_cache: HashMap<(u64, u128, u8), Arc<SampleLabels>> = HashMap::new();
+    let eighth = cache_bytes / 8;
+    let mut symbolizer = AddressSymbolizer::new(SYMBOL_CACHE_EIGHTHS * eighth);
+    let mut stacks = StackCache::new(STACK_CACHE_EIGHTHS * eighth);
+    let mut labels_cache: LabelsCache =
+        BoundedCache::new(cache_bytes - (STACK_CACHE_EIGHTHS + SYMBOL_CACHE_EIGHTHS) * eighth);
     loop {
         let batch: Vec<Drained> = {
             let mut q = shared.lock();
@@ -197,18 +245,14 @@ fn process(
             if q.samples.is_empty() && q.stop {
                 return;
             }
+            q.bytes = 0;
             q.samples.drain(..).collect()
         };
-        if stacks.len() > MAX_STACK_CACHE {
-            stacks.clear();
-        }
         // Symbolize outside the store's lock, so queries never wait for DWARF parsing.
-        for d in &batch {
-            if !stacks.contains_key(&d.addrs) {
-                let s = symbolizer.stack(&d.addrs);
-                stacks.insert(d.addrs.clone(), s);
-            }
-        }
+        let batch_stacks: Vec<Stack> = batch
+            .iter()
+            .map(|d| stacks.stack(&d.addrs, &mut symbolizer))
+            .collect();
         let samples: Vec<IncomingSample<'_>> = batch
             .iter()
             .map(|d| IncomingSample {
@@ -218,11 +262,20 @@ fn process(
                 weight_ns: d.weight_ns,
             })
             .collect();
-        store.insert(&samples, |addrs| match stacks.get(addrs) {
+        store.insert(&samples, |addrs| match stacks.cache.peek(addrs) {
             Some(s) => s.clone(),
             None => symbolizer.stack(addrs),
         });
-        feed_windows(&windows, &batch, &stacks, &mut labels_cache);
+        let open = feed_windows(&windows, &batch, &batch_stacks, &mut labels_cache);
+        *shared.memory.lock().unwrap_or_else(|e| e.into_inner()) = CollectorMemory {
+            stacks: stacks.cache.stats(),
+            symbols: symbolizer.stats(),
+            labels: labels_cache.stats(),
+            windows: open.len(),
+            window_entries: open.iter().map(|w| w.entries()).sum(),
+            window_bytes: open.iter().map(|w| w.bytes()).sum(),
+        };
+        drop(open);
         let mut q = shared.lock();
         q.processed += batch.len() as u64;
         drop(q);
@@ -230,52 +283,112 @@ fn process(
     }
 }
 
-/// Symbolized stacks kept by raw addresses (cleared when larger).
-const MAX_STACK_CACHE: usize = 100_000;
+/// Symbolized stacks by raw addresses, so a stack seen again costs one lookup.
+struct StackCache {
+    cache: BoundedCache<Box<[u64]>, Stack>,
+}
 
-/// Adds a batch to every open window (full labels per sample).
+impl StackCache {
+    fn new(max_bytes: usize) -> Self {
+        StackCache {
+            cache: BoundedCache::new(max_bytes),
+        }
+    }
+
+    /// The symbolized stack of `addrs`, from the cache or the symbolizer.
+    fn stack(&mut self, addrs: &[u64], symbolizer: &mut AddressSymbolizer) -> Stack {
+        if let Some(s) = self.cache.get(addrs) {
+            return s.clone();
+        }
+        let s = symbolizer.stack(addrs);
+        // The key's slice, and the frames in their shared allocation (the store
+        // may share it too; counted here in full).
+        let bytes = std::mem::size_of_val(addrs)
+            + 2 * std::mem::size_of::<usize>()
+            + std::mem::size_of_val(&*s);
+        self.cache.insert(addrs.into(), s.clone(), bytes);
+        s
+    }
+}
+
+type LabelsCache = BoundedCache<(u64, u128, u8), Arc<SampleLabels>>;
+
+/// Adds a batch to every open window (full labels per sample); returns the open
+/// windows.
 fn feed_windows(
     windows: &Mutex<Vec<Weak<WindowInner>>>,
     batch: &[Drained],
-    stacks: &HashMap<Box<[u64]>, Stack>,
-    labels_cache: &mut HashMap<(u64, u128, u8), Arc<SampleLabels>>,
-) {
+    stacks: &[Stack],
+    labels_cache: &mut LabelsCache,
+) -> Vec<Arc<WindowInner>> {
     let live: Vec<Arc<WindowInner>> = {
         let mut w = windows.lock().unwrap_or_else(|e| e.into_inner());
         w.retain(|w| w.strong_count() > 0);
         w.iter().filter_map(Weak::upgrade).collect()
     };
     if live.is_empty() {
-        return;
+        return live;
     }
-    if labels_cache.len() > 50_000 {
-        labels_cache.clear();
-    }
-    for d in batch {
-        let Some(stack) = stacks.get(&d.addrs) else {
-            continue;
-        };
+    for (d, stack) in batch.iter().zip(stacks) {
         let labels = d
             .labels
             .filter(|l| l.span_id != 0 || l.trace_id != 0 || l.route != NameId::NONE)
             .map(|l| {
-                labels_cache
-                    .entry((l.span_id, l.trace_id, l.hot as u8))
-                    .or_insert_with(|| {
-                        Arc::new(SampleLabels {
-                            trace_id: l.trace_id,
-                            span_id: l.span_id,
-                            parent_span_id: l.parent_span_id,
-                            root_span_id: l.root_span_id,
-                            span_name: crate::intern::resolve(l.span_name),
-                            route: crate::intern::resolve(l.route),
-                            hot: l.hot,
-                        })
-                    })
-                    .clone()
+                let key = (l.span_id, l.trace_id, l.hot as u8);
+                if let Some(labels) = labels_cache.get(&key) {
+                    return labels.clone();
+                }
+                let labels = Arc::new(SampleLabels {
+                    trace_id: l.trace_id,
+                    span_id: l.span_id,
+                    parent_span_id: l.parent_span_id,
+                    root_span_id: l.root_span_id,
+                    span_name: crate::intern::resolve(l.span_name),
+                    route: crate::intern::resolve(l.route),
+                    hot: l.hot,
+                });
+                labels_cache.insert(
+                    key,
+                    labels.clone(),
+                    2 * std::mem::size_of::<usize>() + std::mem::size_of::<SampleLabels>(),
+                );
+                labels
             });
         for w in &live {
             w.add(&labels, stack, d.weight_ns);
         }
+    }
+    live
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stack_cache_stays_within_its_bound_and_counts_evictions() {
+        const MAX: usize = 1 << 20;
+        let mut symbolizer = AddressSymbolizer::new(MAX);
+        let mut cache = StackCache::new(MAX);
+        // Distinct stacks of 24 frames from 64 addresses in this crate's code: many
+        // more than fit 1 MiB (each is a few KiB once symbolized).
+        let base = process as *const () as u64;
+        let stacks = 5_000u64;
+        for i in 0..stacks {
+            let addrs: Vec<u64> = (0..24).map(|k| base + ((i >> (k % 12)) & 63)).collect();
+            let addrs: Vec<u64> = std::iter::once(base + 64 + i % 7)
+                .chain(addrs)
+                .chain(std::iter::once(i))
+                .collect();
+            let s = cache.stack(&addrs, &mut symbolizer);
+            assert!(!s.is_empty());
+            let st = cache.cache.stats();
+            assert!(st.bytes <= MAX, "after {i} stacks: {st:?}");
+        }
+        let st = cache.cache.stats();
+        assert!(st.evicted > 0, "{st:?}");
+        assert_eq!(st.entries as u64 + st.evicted, stacks, "{st:?}");
+        let sym = symbolizer.stats();
+        assert!(sym.bytes <= sym.max_bytes, "{sym:?}");
     }
 }

@@ -95,7 +95,9 @@ pub trait WithSpanLabels: Sized {
     }
 
     /// Wraps `self` with the labels active right now, if any (unchanged otherwise,
-    /// but still wrapped so the type is the same).
+    /// but still wrapped so the type is the same). Like [`crate::current_labels`], this
+    /// carries the labels without keeping their span alive: work that outlives the
+    /// span is sampled as detached.
     fn with_current_span_labels(self) -> Labelled<Self> {
         let labels = crate::current_labels().unwrap_or_else(|| SpanLabels::builder().build());
         Labelled::new(self, labels)
@@ -113,7 +115,9 @@ impl SpanLabels {
 
 /// Like [`tokio::task::spawn_blocking`], but the closure runs with the labels that are
 /// active where it was spawned. tokio's task hooks do not cover blocking tasks, so
-/// this is how blocking work stays attributed to its span.
+/// this is how blocking work stays attributed to its span. The labels are carried,
+/// not owned: if the span ends while the closure still runs, the rest of its work is
+/// sampled as detached (see [`SpanLabels`]).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -134,4 +138,30 @@ where
         }
         None => f(),
     })
+}
+
+/// Like [`tokio::task::spawn_local`], but the future runs with the labels that are
+/// active where it was spawned. tokio runs no task hooks for `LocalSet` tasks, so
+/// even with `--cfg tokio_unstable` a `tokio::task::spawn_local` child does not
+/// inherit its parent's labels; this carries them (without keeping the span alive,
+/// as [`spawn_blocking`] does). Must be called inside a `LocalSet`, as tokio's.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let local = tokio::task::LocalSet::new();
+/// let n = local
+///     .run_until(async { spanprof_core::spawn_local(async { 6 * 7 }).await.unwrap() })
+///     .await;
+/// assert_eq!(n, 42);
+/// # }
+/// ```
+pub fn spawn_local<F>(future: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + 'static,
+    F::Output: 'static,
+{
+    match crate::current_labels() {
+        Some(labels) => tokio::task::spawn_local(Labelled::new(future, labels)),
+        None => tokio::task::spawn_local(future),
+    }
 }

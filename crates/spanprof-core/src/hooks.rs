@@ -4,7 +4,10 @@
 //! A task spawned while labels are active captures them at spawn (`on_task_spawn`
 //! runs on the spawning thread), pushes them around every one of its polls
 //! (`on_before_task_poll` / `on_after_task_poll`, on whichever worker polls it) and
-//! releases them at `on_task_terminate`. The task-to-labels table is a fixed-size,
+//! releases them at `on_task_terminate` (tokio runs that hook inside the task's final
+//! poll, so the release then waits for the after-poll hook: the slot points at the
+//! labels until it). Inherited labels do not keep the span alive: a task that
+//! outlives its span runs on as *detached* work (see [`crate::SpanLabels`]). The task-to-labels table is a fixed-size,
 //! lock-free open-addressing table indexed by task id, so the poll hooks take no
 //! lock and allocate nothing; when it is full a new task runs unlabelled and the
 //! overflow is counted ([`inheritance_stats`]).
@@ -158,14 +161,15 @@ mod task_table {
     }
 
     pub(super) fn on_before_poll(meta: &tokio::runtime::TaskMeta<'_>) {
+        let k = key(meta.id());
         let record = if LIVE.load(Ordering::Relaxed) == 0 {
             ptr::null()
         } else {
-            find(key(meta.id())).map_or(ptr::null(), |e| {
+            find(k).map_or(ptr::null(), |e| {
                 e.record.load(Ordering::Acquire).cast_const()
             })
         };
-        if let Some(high_ns) = slot::hook_push(record) {
+        if let Some(high_ns) = slot::hook_push(record, k) {
             crate::sampler::on_hot_push(high_ns);
         }
         if !record.is_null() {
@@ -186,7 +190,9 @@ mod task_table {
             let record = e.record.swap(ptr::null_mut(), Ordering::AcqRel);
             e.key.store(0, Ordering::Release);
             LIVE.fetch_sub(1, Ordering::Relaxed);
-            slot::release_raw(record);
+            // Inside the task's final poll the slot still points at the record:
+            // the release waits for the after-poll hook.
+            slot::hook_release(record, k);
         }
     }
 }

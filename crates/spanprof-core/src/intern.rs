@@ -4,7 +4,7 @@
 //! integers only. Interning happens when labels are built (off the poll path).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, RwLock};
 
 /// Default bound on distinct interned strings.
@@ -14,13 +14,20 @@ pub const MAX_NAME_LEN: usize = 128;
 /// What every name past the bound reads as.
 pub const OVERFLOW_NAME: &str = "(other)";
 
-/// An interned string id. 0 is the empty string, 1 is [`OVERFLOW_NAME`].
+/// The span name of samples taken in work that outlived its span (a task spawned by
+/// a request that ended): such samples carry no trace or span id, this name, and
+/// the route of the span that started the work.
+pub const DETACHED_SPAN_NAME: &str = "(detached)";
+
+/// An interned string id. 0 is the empty string, 1 is [`OVERFLOW_NAME`], 2 is
+/// [`DETACHED_SPAN_NAME`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NameId(pub(crate) u32);
 
 impl NameId {
     pub(crate) const NONE: NameId = NameId(0);
     pub(crate) const OVERFLOW: NameId = NameId(1);
+    pub(crate) const DETACHED: NameId = NameId(2);
 }
 
 struct Interner {
@@ -31,41 +38,63 @@ struct Interner {
 static INTERNER: LazyLock<RwLock<Interner>> = LazyLock::new(|| {
     let empty: Arc<str> = Arc::from("");
     let other: Arc<str> = Arc::from(OVERFLOW_NAME);
+    let detached: Arc<str> = Arc::from(DETACHED_SPAN_NAME);
     let mut ids = HashMap::new();
     ids.insert(empty.clone(), NameId::NONE);
     ids.insert(other.clone(), NameId::OVERFLOW);
+    ids.insert(detached.clone(), NameId::DETACHED);
     RwLock::new(Interner {
         ids,
-        names: vec![empty, other],
+        names: vec![empty, other, detached],
     })
 });
 static MAX_NAMES: AtomicUsize = AtomicUsize::new(DEFAULT_MAX_NAMES);
 static OVERFLOWED: AtomicU64 = AtomicU64::new(0);
+static WARNED: AtomicBool = AtomicBool::new(false);
+/// Estimated bytes of the names held.
+static BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// Estimated bytes of one name of `len` bytes: its shared allocation, its slot in
+/// the id map and in the name table.
+fn name_bytes(len: usize) -> usize {
+    len + 2 * std::mem::size_of::<usize>()
+        + (std::mem::size_of::<(Arc<str>, NameId)>() + 1) * 8 / 7
+        + std::mem::size_of::<Arc<str>>()
+}
 
 /// Counters of the name interner.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct InternStats {
     /// Distinct strings held.
     pub names: usize,
     /// The bound.
     pub max_names: usize,
-    /// Interning requests that got [`OVERFLOW_NAME`] because the bound was reached.
+    /// Estimated bytes of the names held.
+    pub bytes: usize,
+    /// The most `bytes` can reach: `max_names` names of [`MAX_NAME_LEN`] bytes.
+    pub max_bytes: usize,
+    /// Interning requests that got [`OVERFLOW_NAME`] because the bound was reached
+    /// (the first one also logs a warning).
     pub overflowed: u64,
 }
 
 /// The interner's counters.
 pub fn intern_stats() -> InternStats {
     let g = INTERNER.read().unwrap_or_else(|e| e.into_inner());
+    let max_names = MAX_NAMES.load(Ordering::Relaxed);
     InternStats {
         names: g.names.len(),
-        max_names: MAX_NAMES.load(Ordering::Relaxed),
+        max_names,
+        bytes: BYTES.load(Ordering::Relaxed),
+        max_bytes: max_names * name_bytes(MAX_NAME_LEN),
         overflowed: OVERFLOWED.load(Ordering::Relaxed),
     }
 }
 
-/// Sets the bound on distinct names (at least 2). Names already held stay.
+/// Sets the bound on distinct names (at least 3, the built-in ones). Names already
+/// held stay.
 pub fn set_max_names(max: usize) {
-    MAX_NAMES.store(max.max(2), Ordering::Relaxed);
+    MAX_NAMES.store(max.max(3), Ordering::Relaxed);
 }
 
 fn truncate(s: &str) -> &str {
@@ -93,14 +122,26 @@ pub(crate) fn intern(s: &str) -> NameId {
     if let Some(id) = g.ids.get(s) {
         return *id;
     }
-    if g.names.len() >= MAX_NAMES.load(Ordering::Relaxed) {
+    let max = MAX_NAMES.load(Ordering::Relaxed);
+    if g.names.len() >= max {
+        drop(g);
         OVERFLOWED.fetch_add(1, Ordering::Relaxed);
+        if !WARNED.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                max_names = max,
+                "spanprof: the span name and route interner is full ({max} distinct names, never forgotten); \
+                 new span names and routes read {OVERFLOW_NAME:?} from now on (counted in spanprof::intern_stats). \
+                 Span names and routes must be templates (`/cart/{{id}}`), not raw paths, ids or user input; \
+                 spanprof::set_max_names raises the bound"
+            );
+        }
         return NameId::OVERFLOW;
     }
     let id = NameId(g.names.len() as u32);
     let arc: Arc<str> = Arc::from(s);
     g.names.push(arc.clone());
     g.ids.insert(arc, id);
+    BYTES.fetch_add(name_bytes(s.len()), Ordering::Relaxed);
     id
 }
 
@@ -132,6 +173,8 @@ mod tests {
         assert_eq!(intern("GET /cart/{id}"), a);
         assert_eq!(&*resolve(a), "GET /cart/{id}");
         assert_eq!(&*resolve(NameId::NONE), "");
+        assert_eq!(&*resolve(NameId::DETACHED), DETACHED_SPAN_NAME);
+        assert_eq!(intern(DETACHED_SPAN_NAME), NameId::DETACHED);
         let long = "x".repeat(1000);
         assert_eq!(resolve(intern(&long)).len(), MAX_NAME_LEN);
     }

@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 use crate::intern::{self, NameId};
 use crate::profile::Hotness;
@@ -17,8 +17,14 @@ pub(crate) struct LabelRecord {
     pub(crate) root_span_id: u64,
     pub(crate) span_name: NameId,
     pub(crate) route: NameId,
-    /// A [`Hotness`] as a byte: may be raised while the work runs (slow promotion).
-    pub(crate) hot: AtomicU8,
+    /// A [`Hotness`] in the low bits, raised while the work runs (slow promotion),
+    /// and [`ENDED`] once the span has ended. Read as an `i8`, the byte is positive
+    /// exactly when the work is hot and its span still live ([`LabelRecord::is_hot`]).
+    pub(crate) state: AtomicU8,
+    /// Live [`SpanLabels`] handles. The span ends when the last one drops (or at
+    /// [`SpanLabels::end`]); references that only carry the labels into other work
+    /// (inherited by spawned tasks, `spawn_blocking`, `spawn_local`) do not count.
+    owners: AtomicUsize,
     /// Samples taken while this record was in a slot (updated by the signal handler).
     pub(crate) cpu_samples: AtomicU64,
     /// The weighted CPU estimate of those samples, in nanoseconds.
@@ -34,6 +40,27 @@ pub(crate) struct LabelRecord {
     pub(crate) busy_ns: AtomicU64,
     pub(crate) polls: AtomicU64,
     pub(crate) max_poll_ns: AtomicU64,
+}
+
+/// The bit of [`LabelRecord::state`] set when the span has ended. From then on the
+/// signal handler writes samples of work still running under these labels as
+/// *detached* (no trace or span id, span name [`crate::DETACHED_SPAN_NAME`], the route
+/// kept) at the baseline rate, and counts nothing on the span.
+pub(crate) const ENDED: u8 = 0x80;
+const HOT_BITS: u8 = 0x7f;
+
+impl LabelRecord {
+    /// Whether the work is hot and its span has not ended: one load and one signed
+    /// compare, on every labelled poll.
+    #[inline(always)]
+    pub(crate) fn is_hot(&self) -> bool {
+        (self.state.load(Ordering::Relaxed) as i8) > 0
+    }
+
+    /// Marks the span ended (idempotent).
+    pub(crate) fn end(&self) {
+        self.state.fetch_or(ENDED, Ordering::Release);
+    }
 }
 
 /// Exact poll accounting of one span: time inside polls, number of polls, longest
@@ -61,9 +88,18 @@ impl PollStats {
 /// The labels of one span: trace id, span id, local-root span id, span name, route
 /// and whether the work is *hot* (profiled at the high rate).
 ///
-/// Cloning is cheap (one reference count). Push them around a poll with
+/// Cloning is cheap (two atomic increments). Push them around a poll with
 /// [`SpanLabels::enter`], wrap a future with [`crate::WithSpanLabels::with_span_labels`],
 /// or let the tokio hooks carry them into spawned tasks.
+///
+/// **The span ends when the last handle made by the builder (or cloned from one)
+/// drops**, or at [`SpanLabels::end`]; handles from [`crate::current_labels`] carry
+/// the labels into other work without keeping the span alive. Work
+/// that outlives it, such as a task spawned by the request that keeps running after
+/// the response (a client connection task, a lazily started worker), is sampled from
+/// then on as *detached*: at the baseline rate, with no trace or span id, the span
+/// name [`crate::DETACHED_SPAN_NAME`] and the route of the span that spawned it. So
+/// no sample ever carries the id of a span that had ended when it was taken.
 ///
 /// ```
 /// use spanprof_core::SpanLabels;
@@ -75,12 +111,61 @@ impl PollStats {
 ///     .build();
 /// assert_eq!(labels.span_id_hex(), "00f067aa0ba902b7");
 /// ```
-#[derive(Clone)]
 pub struct SpanLabels {
     pub(crate) record: Arc<LabelRecord>,
+    /// Whether this handle keeps the span alive (handles from
+    /// [`crate::current_labels`] only carry the labels).
+    owner: bool,
+}
+
+impl Clone for SpanLabels {
+    fn clone(&self) -> Self {
+        if self.owner {
+            SpanLabels::owning(self.record.clone())
+        } else {
+            SpanLabels::carrying(self.record.clone())
+        }
+    }
+}
+
+impl Drop for SpanLabels {
+    fn drop(&mut self) {
+        if self.owner && self.record.owners.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.record.end();
+        }
+    }
 }
 
 impl SpanLabels {
+    /// A new owning handle to `record`.
+    pub(crate) fn owning(record: Arc<LabelRecord>) -> SpanLabels {
+        record.owners.fetch_add(1, Ordering::Relaxed);
+        SpanLabels {
+            record,
+            owner: true,
+        }
+    }
+
+    /// A handle to `record` that carries the labels without keeping the span alive.
+    pub(crate) fn carrying(record: Arc<LabelRecord>) -> SpanLabels {
+        SpanLabels {
+            record,
+            owner: false,
+        }
+    }
+
+    /// Ends the span now, whatever handles are left: from now on work still running
+    /// under these labels is sampled as detached (see the type's documentation).
+    /// Dropping the last handle does the same.
+    pub fn end(&self) {
+        self.record.end();
+    }
+
+    /// Whether the span has ended.
+    pub fn is_ended(&self) -> bool {
+        self.record.state.load(Ordering::Acquire) & ENDED != 0
+    }
+
     /// Starts building labels.
     pub fn builder() -> SpanLabelsBuilder {
         SpanLabelsBuilder::default()
@@ -128,14 +213,16 @@ impl SpanLabels {
 
     /// Whether, and why, the work is profiled at the high rate.
     pub fn hotness(&self) -> Hotness {
-        Hotness::from_u8(self.record.hot.load(Ordering::Relaxed))
+        Hotness::from_u8(self.record.state.load(Ordering::Relaxed) & HOT_BITS)
     }
 
     /// Raises the work to the high rate from now on (for example when it ran past its
     /// slow threshold). Takes effect at the next poll on any thread and, for work stuck in
-    /// one long poll, at the next baseline sample of the thread running it. Never lowers.
+    /// one long poll, at the next baseline sample of the thread running it. Never lowers,
+    /// and does nothing once the span has ended.
     pub fn promote(&self, why: Hotness) {
-        self.record.hot.fetch_max(why as u8, Ordering::Relaxed);
+        // An ended record's byte has the top bit set, above every hotness.
+        self.record.state.fetch_max(why as u8, Ordering::Relaxed);
     }
 
     /// Samples taken so far while these labels were active (exact count); for a local
@@ -150,7 +237,8 @@ impl SpanLabels {
     }
 
     /// Labels for a child span of this one: same trace and local root, new span id and
-    /// name; same route, hotness, slow deadline and high rate.
+    /// name; same route, hotness, slow deadline and high rate. The child of an ended
+    /// span starts ended.
     pub fn child(&self, span_id: u64, span_name: &str) -> SpanLabels {
         let mut b = SpanLabels::builder()
             .trace_id(self.record.trace_id)
@@ -166,7 +254,11 @@ impl SpanLabels {
             Some(root) => root.clone(),
             None => self.record.clone(),
         });
-        b.build()
+        let child = b.build();
+        if self.is_ended() {
+            child.end();
+        }
+        child
     }
 
     /// Publishes the poll accounting of this span (replacing what was there).
@@ -200,8 +292,9 @@ impl SpanLabels {
     }
 
     /// Pushes these labels for callback-style instrumentation (an `on_enter` without
-    /// a guard to hold): the previous value is kept on a small per-thread stack until
-    /// the matching [`SpanLabels::exit_detached`] on the same thread.
+    /// a guard to hold): the previous value is kept on a small per-thread stack (with
+    /// a reference to the labels, so they outlive the push) until the matching
+    /// [`SpanLabels::exit_detached`] on the same thread.
     pub fn enter_detached(&self) {
         let hot = crate::sys::slot::push_detached(&self.record);
         if hot {
@@ -211,8 +304,9 @@ impl SpanLabels {
     }
 
     /// Pops labels pushed by [`SpanLabels::enter_detached`]. Returns false (and leaves
-    /// the slot alone) if these labels are not the ones on top, as when enter and exit
-    /// ran on different threads.
+    /// the slot alone) if this thread has no such push, as when enter and exit ran on
+    /// different threads. Exits out of order are taken apart in order: the labels stay
+    /// in force until everything pushed after them has been popped.
     pub fn exit_detached(&self) -> bool {
         crate::sys::slot::pop_detached(&self.record)
     }
@@ -223,7 +317,7 @@ impl SpanLabels {
     /// on the thread that made it (it is `!Send`).
     #[inline]
     pub fn enter(&self) -> crate::LabelGuard<'_> {
-        crate::slot::push(self)
+        crate::slot::push(&self.record)
     }
 
     /// Whether two handles point at the same label record.
@@ -244,6 +338,7 @@ impl fmt::Debug for SpanLabels {
             .field("span_name", &self.span_name())
             .field("route", &self.route())
             .field("hot", &self.hotness())
+            .field("ended", &self.is_ended())
             .finish()
     }
 }
@@ -344,24 +439,23 @@ impl SpanLabelsBuilder {
 
     /// Builds the labels (one allocation).
     pub fn build(self) -> SpanLabels {
-        SpanLabels {
-            record: Arc::new(LabelRecord {
-                trace_id: self.trace_id,
-                span_id: self.span_id,
-                parent_span_id: self.parent_span_id,
-                root_span_id: self.root_span_id.unwrap_or(self.span_id),
-                span_name: self.span_name.unwrap_or(NameId::NONE),
-                route: self.route.unwrap_or(NameId::NONE),
-                hot: AtomicU8::new(self.hot as u8),
-                cpu_samples: AtomicU64::new(0),
-                cpu_ns: AtomicU64::new(0),
-                root: self.root,
-                slow_deadline_ns: self.slow_deadline_ns,
-                high_ns: self.high_ns,
-                busy_ns: AtomicU64::new(0),
-                polls: AtomicU64::new(0),
-                max_poll_ns: AtomicU64::new(0),
-            }),
-        }
+        SpanLabels::owning(Arc::new(LabelRecord {
+            trace_id: self.trace_id,
+            span_id: self.span_id,
+            parent_span_id: self.parent_span_id,
+            root_span_id: self.root_span_id.unwrap_or(self.span_id),
+            span_name: self.span_name.unwrap_or(NameId::NONE),
+            route: self.route.unwrap_or(NameId::NONE),
+            state: AtomicU8::new(self.hot as u8),
+            owners: AtomicUsize::new(0),
+            cpu_samples: AtomicU64::new(0),
+            cpu_ns: AtomicU64::new(0),
+            root: self.root,
+            slow_deadline_ns: self.slow_deadline_ns,
+            high_ns: self.high_ns,
+            busy_ns: AtomicU64::new(0),
+            polls: AtomicU64::new(0),
+            max_poll_ns: AtomicU64::new(0),
+        }))
     }
 }

@@ -5,6 +5,7 @@
 // the public API is the same everywhere, but go unused.
 #![cfg_attr(not(spanprof_sampler), allow(dead_code))]
 
+mod cache;
 mod collector;
 mod future;
 mod hooks;
@@ -19,21 +20,23 @@ mod symbolize;
 mod sys;
 mod window;
 
-pub use future::{Labelled, WithSpanLabels, spawn_blocking};
+pub use cache::CacheStats;
+pub use future::{Labelled, WithSpanLabels, spawn_blocking, spawn_local};
 pub use hooks::{
     InheritanceStats, TASK_INHERITANCE, inheritance_stats, install_runtime_hooks, on_thread_start,
     on_thread_stop,
 };
 pub use intern::{
-    DEFAULT_MAX_NAMES, InternStats, MAX_NAME_LEN, OVERFLOW_NAME, intern_stats, set_max_names,
+    DEFAULT_MAX_NAMES, DETACHED_SPAN_NAME, InternStats, MAX_NAME_LEN, OVERFLOW_NAME, intern_stats,
+    set_max_names,
 };
 pub use labels::{PollStats, SpanLabels, SpanLabelsBuilder};
 pub use profile::{Frame, FunctionCost, Hotness, Profile, ProfileSample, SampleLabels, Stack};
 pub use sampler::{
-    Capabilities, DEFAULT_BASELINE_HZ, DEFAULT_DRAIN_INTERVAL, DEFAULT_HIGH_HZ,
-    DEFAULT_RING_CAPACITY, MAX_HIGH_HZ, Mechanism, Profiler, ProfilerBuilder, ProfilerError,
-    SamplerStats, TIMER_MAX_HZ, ThreadRegistration, deregister_current_thread,
-    register_current_thread,
+    Capabilities, DEFAULT_BASELINE_HZ, DEFAULT_CACHE_BYTES, DEFAULT_DRAIN_INTERVAL,
+    DEFAULT_HIGH_HZ, DEFAULT_RING_CAPACITY, MAX_HIGH_HZ, Mechanism, MemoryStats, Profiler,
+    ProfilerBuilder, ProfilerError, SamplerStats, TIMER_MAX_HZ, ThreadRegistration,
+    deregister_current_thread, register_current_thread,
 };
 pub use slot::{LabelGuard, current_labels};
 pub use store::{
@@ -44,6 +47,7 @@ pub use window::{DEFAULT_WINDOW_ENTRIES, ProfileWindow};
 
 #[cfg(spanprof_sampler)]
 pub use sys::HandlerAllocCounter;
+pub use sys::{POISON_BYTE, QuarantineAlloc};
 
 /// Whether the calling thread is inside spanprof's profiling signal handler right
 /// now. For tests: a counting global allocator uses it to prove the handler never

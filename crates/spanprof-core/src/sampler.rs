@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crate::cache::CacheStats;
 use crate::collector::Collector;
+use crate::intern::InternStats;
 use crate::store::{SpanProfileStore, StoreConfig};
 use crate::sys;
 
@@ -41,6 +43,9 @@ pub const DEFAULT_HIGH_HZ: u32 = 1000;
 pub const MAX_HIGH_HZ: u32 = 10_000;
 /// Default capacity of each thread's sample ring.
 pub const DEFAULT_RING_CAPACITY: usize = 256;
+/// Default bound on the collector's caches together (symbolized stacks, the
+/// symbolizer's frames and names, window labels), beside the store's own bound.
+pub const DEFAULT_CACHE_BYTES: usize = 32 << 20;
 /// Default interval at which the collector drains the rings.
 pub const DEFAULT_DRAIN_INTERVAL: Duration = Duration::from_millis(20);
 /// Highest rate the per-thread CPU timer reaches here: it is driven by the
@@ -103,6 +108,7 @@ pub struct ProfilerBuilder {
     drain_interval: Duration,
     use_perf_events: bool,
     store: StoreConfig,
+    cache_bytes: usize,
 }
 
 impl Default for ProfilerBuilder {
@@ -121,6 +127,7 @@ impl ProfilerBuilder {
             drain_interval: DEFAULT_DRAIN_INTERVAL,
             use_perf_events: true,
             store: StoreConfig::default(),
+            cache_bytes: DEFAULT_CACHE_BYTES,
         }
     }
 
@@ -157,6 +164,17 @@ impl ProfilerBuilder {
     /// when the kernel refuses them the profiler falls back to the timer anyway.
     pub fn use_perf_events(mut self, yes: bool) -> Self {
         self.use_perf_events = yes;
+        self
+    }
+
+    /// Estimated bytes the collector's caches may hold together, beside the store:
+    /// symbolized stacks by raw addresses (half), the symbolizer's frames and names
+    /// (three eighths), labels of samples for open windows (an eighth). Past it the
+    /// least recently used entries go, counted ([`Profiler::memory_stats`]); a
+    /// smaller bound costs symbolization time, not data. Defaults to
+    /// [`DEFAULT_CACHE_BYTES`] (32 MiB). At least 1 MiB.
+    pub fn cache_bytes(mut self, bytes: usize) -> Self {
+        self.cache_bytes = bytes;
         self
     }
 
@@ -198,6 +216,12 @@ impl ProfilerBuilder {
             return bad(
                 "drain_interval",
                 format!("{:?} is not between 1ms and 10s", self.drain_interval),
+            );
+        }
+        if self.cache_bytes < 1 << 20 {
+            return bad(
+                "cache_bytes",
+                format!("{} is below 1 MiB", self.cache_bytes),
             );
         }
         self.store.validate()
@@ -286,9 +310,10 @@ fn start_platform(cfg: ProfilerBuilder) -> Result<Arc<ProfilerInner>, ProfilerEr
     }
     sys::set_enabled(true);
     PROFILING.store(true, Ordering::Release);
-    let collector = Collector::start(store.clone(), cfg.drain_interval);
+    let collector = Collector::start(store.clone(), cfg.drain_interval, cfg.cache_bytes);
     Ok(Arc::new(ProfilerInner {
         caps,
+        store_max_bytes: cfg.store.max_bytes,
         store,
         collector: Mutex::new(Some(collector)),
     }))
@@ -328,16 +353,79 @@ pub struct SamplerStats {
     pub dropped_ring_full: u64,
     /// Samples dropped because the collector's symbolization backlog was full.
     pub dropped_backlog: u64,
-    /// Baseline ticks skipped because the high-rate event covered that time.
+    /// Baseline ticks skipped because the high-rate event covered that time (the
+    /// tick landed in hot work).
     pub superseded: u64,
+    /// High-rate samples skipped because they landed outside hot work (cold work is
+    /// the baseline timer's); the high-rate event then waits for the next hot poll.
+    pub high_rate_in_cold: u64,
     /// Samples whose stack was cut at the frame limit.
     pub truncated: u64,
+    /// Samples of work that outlived its span, written as detached (no trace or span
+    /// id, span name [`crate::DETACHED_SPAN_NAME`], the route kept).
+    pub detached: u64,
     /// Failed perf event re-arms.
     pub rearm_failed: u64,
 }
 
+/// Estimated memory of the profiler, part by part, with the bounds: what
+/// [`Profiler::memory_stats`] returns. Estimates count the data and their maps'
+/// slots, not the allocator's overhead; a stack or labels shared by the store and
+/// a cache count in both. Not counted: the symbolizer's parsed debug information
+/// (blazesym's; it grows with the code that was sampled, up to the size of the
+/// binaries' debug information) and each thread's sample ring (fixed at start).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// The store's estimate ([`crate::StoreStats::bytes`]).
+    pub store_bytes: usize,
+    /// Its bound ([`StoreConfig::max_bytes`]).
+    pub store_max_bytes: usize,
+    /// Symbolized stacks by raw addresses.
+    pub stack_cache: CacheStats,
+    /// The symbolizer's frames per instruction address, and function and file names.
+    pub symbol_cache: CacheStats,
+    /// Labels of samples fed to open windows.
+    pub labels_cache: CacheStats,
+    /// Windows open ([`Profiler::window`]).
+    pub windows: usize,
+    /// Distinct (labels, stack) entries of their current intervals (each window is
+    /// bounded by its `max_entries`).
+    pub window_entries: usize,
+    /// Estimated bytes of those entries.
+    pub window_bytes: usize,
+    /// Estimated bytes of samples drained and waiting for symbolization now.
+    pub backlog_bytes: usize,
+    /// The span name and route interner (process-wide).
+    pub names: InternStats,
+}
+
+impl MemoryStats {
+    /// The sum of every estimate.
+    pub fn total_bytes(&self) -> usize {
+        self.store_bytes
+            + self.stack_cache.bytes
+            + self.symbol_cache.bytes
+            + self.labels_cache.bytes
+            + self.window_bytes
+            + self.backlog_bytes
+            + self.names.bytes
+    }
+
+    /// The sum of the configured bounds: the store's, the caches'
+    /// ([`ProfilerBuilder::cache_bytes`]) and the interner's. Windows and the
+    /// backlog have bounds of their own in entries and samples.
+    pub fn bound_bytes(&self) -> usize {
+        self.store_max_bytes
+            + self.stack_cache.max_bytes
+            + self.symbol_cache.max_bytes
+            + self.labels_cache.max_bytes
+            + self.names.max_bytes
+    }
+}
+
 pub(crate) struct ProfilerInner {
     caps: Capabilities,
+    store_max_bytes: usize,
     store: SpanProfileStore,
     collector: Mutex<Option<Collector>>,
 }
@@ -434,6 +522,35 @@ impl Profiler {
         s
     }
 
+    /// Estimated memory of the store, the collector's caches, open windows, the
+    /// backlog and the interner, with their bounds. Cheap: figures the collector
+    /// publishes after each batch, and the store's counters.
+    ///
+    /// ```no_run
+    /// let profiler = spanprof_core::Profiler::builder().start()?;
+    /// let m = profiler.memory_stats();
+    /// println!("{} of {} bytes; stacks evicted: {}", m.total_bytes(), m.bound_bytes(), m.stack_cache.evicted);
+    /// # Ok::<(), spanprof_core::ProfilerError>(())
+    /// ```
+    pub fn memory_stats(&self) -> MemoryStats {
+        let (collector, backlog_bytes) = self
+            .inner
+            .with_collector(Collector::memory)
+            .unwrap_or_default();
+        MemoryStats {
+            store_bytes: self.inner.store.stats().bytes,
+            store_max_bytes: self.inner.store_max_bytes,
+            stack_cache: collector.stacks,
+            symbol_cache: collector.symbols,
+            labels_cache: collector.labels,
+            windows: collector.windows,
+            window_entries: collector.window_entries,
+            window_bytes: collector.window_bytes,
+            backlog_bytes,
+            names: crate::intern::intern_stats(),
+        }
+    }
+
     /// Stops sampling: disarms every thread, drains what is left into the store,
     /// stops the collector and restores the previous `SIGPROF` action. The store
     /// stays readable through this handle.
@@ -501,7 +618,9 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
         dropped_ring_full: 0,
         dropped_backlog: 0,
         superseded: 0,
+        high_rate_in_cold: 0,
         truncated: 0,
+        detached: 0,
         rearm_failed: 0,
     },
 });
@@ -530,7 +649,9 @@ pub(crate) fn add_thread_stats(s: &mut SamplerStats, t: &sys::ThreadSampler) {
     s.samples += t.samples.load(Ordering::Relaxed);
     s.dropped_ring_full += t.ring.dropped_full();
     s.superseded += t.superseded.load(Ordering::Relaxed);
+    s.high_rate_in_cold += t.perf_cold.load(Ordering::Relaxed);
     s.truncated += t.truncated.load(Ordering::Relaxed);
+    s.detached += t.detached.load(Ordering::Relaxed);
     s.rearm_failed += t.rearm_failed.load(Ordering::Relaxed);
 }
 

@@ -12,7 +12,7 @@ use crate::sys;
 #[must_use = "the labels are popped as soon as the guard drops"]
 pub struct LabelGuard<'a> {
     prev: *const LabelRecord,
-    _labels: PhantomData<&'a SpanLabels>,
+    _labels: PhantomData<&'a LabelRecord>,
 }
 
 impl std::fmt::Debug for LabelGuard<'_> {
@@ -21,13 +21,13 @@ impl std::fmt::Debug for LabelGuard<'_> {
     }
 }
 
-/// Pushes `labels` into this thread's slot. The hot path of every labelled poll:
-/// one thread-local load and store, plus one byte read to see if the work is hot.
+/// Pushes `rec` into this thread's slot until the guard drops. The hot path of every
+/// labelled poll: one thread-local load and store, plus one byte read to see if the
+/// work is hot (and its span still live).
 #[inline]
-pub(crate) fn push(labels: &SpanLabels) -> LabelGuard<'_> {
-    let rec: &LabelRecord = &labels.record;
+pub(crate) fn push(rec: &LabelRecord) -> LabelGuard<'_> {
     let prev = sys::slot::replace(rec);
-    if rec.hot.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+    if rec.is_hot() {
         crate::sampler::on_hot_push(rec.high_ns);
     }
     crate::sampler::ensure_thread_registered();
@@ -47,7 +47,10 @@ impl Drop for LabelGuard<'_> {
 /// The labels active on this thread right now, if any (a new handle to them).
 ///
 /// This is how work handed to another thread keeps its labels: capture here,
-/// [`SpanLabels::enter`] there. [`crate::spawn_blocking`] does exactly that.
+/// [`SpanLabels::enter`] there ([`crate::spawn_blocking`] and [`crate::spawn_local`]
+/// do exactly that). The handle carries the labels without keeping their span alive:
+/// when the span ends, work still running under them is sampled as detached (see
+/// [`SpanLabels`]).
 pub fn current_labels() -> Option<SpanLabels> {
-    sys::slot::current()
+    sys::slot::current().map(SpanLabels::carrying)
 }

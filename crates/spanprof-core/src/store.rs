@@ -172,8 +172,9 @@ struct SpanEntry {
 
 struct Bucket {
     start_ns: u64,
-    /// Keyed by (route, labelled, stack).
-    entries: HashMap<(NameId, bool, u32), Counts>,
+    /// Keyed by (route, labelled), then stack: a route's query touches its own
+    /// entries only.
+    entries: HashMap<(NameId, bool), HashMap<u32, Counts>>,
 }
 
 struct State {
@@ -410,7 +411,7 @@ impl SpanProfileStore {
     /// span eviction.
     pub fn route(&self, route: &str, window: Duration) -> Profile {
         let id = intern::lookup(route);
-        self.window_profile(window, |(r, labelled, _)| labelled && Some(r) == id)
+        self.window_profile(window, |r, labelled| labelled && Some(r) == id)
     }
 
     /// The profile of the whole process over the last `window`: every span with a
@@ -418,7 +419,7 @@ impl SpanProfileStore {
     /// Spans already evicted from the store are missing; [`SpanProfileStore::route`]
     /// answers for them by route.
     pub fn process(&self, window: Duration) -> Profile {
-        let mut p = self.window_profile(window, |(_, labelled, _)| !labelled);
+        let mut p = self.window_profile(window, |_, labelled| !labelled);
         let since = monotonic_now_ns().saturating_sub(window.as_nanos() as u64);
         let st = self.lock();
         let spans = self.profile_of(&st, st.spans.values().filter(|e| e.last_ns >= since));
@@ -426,32 +427,42 @@ impl SpanProfileStore {
         p
     }
 
-    fn window_profile(
-        &self,
-        window: Duration,
-        keep: impl Fn((NameId, bool, u32)) -> bool,
-    ) -> Profile {
-        let st = self.lock();
+    /// The time-bucket entries of the last `window` whose (route, labelled) `keep`
+    /// accepts. Under the lock it only copies those entries out (with their frames);
+    /// aggregating them happens after the lock is released.
+    fn window_profile(&self, window: Duration, keep: impl Fn(NameId, bool) -> bool) -> Profile {
         let now = monotonic_now_ns();
         let since = now.saturating_sub(window.as_nanos() as u64);
-        let width = st.cfg.bucket_width.as_nanos() as u64;
-        let mut agg: HashMap<(NameId, bool, u32), Counts> = HashMap::new();
         let mut start = now;
-        for b in st.buckets.iter().filter(|b| b.start_ns + width > since) {
-            start = start.min(b.start_ns);
-            for (k, c) in &b.entries {
-                if keep(*k) {
-                    let e = agg.entry(*k).or_default();
-                    e.count += c.count;
-                    e.cpu_ns += c.cpu_ns;
+        let mut copied: Vec<(NameId, u32, Counts, Stack)> = Vec::new();
+        {
+            let st = self.lock();
+            let width = st.cfg.bucket_width.as_nanos() as u64;
+            for b in st.buckets.iter().filter(|b| b.start_ns + width > since) {
+                start = start.min(b.start_ns);
+                for (&(route, labelled), stacks) in &b.entries {
+                    if !keep(route, labelled) {
+                        continue;
+                    }
+                    copied.extend(stacks.iter().filter_map(|(&stack, &c)| {
+                        let frames = st.stacks.get(stack as usize)?.as_ref()?.frames.clone();
+                        Some((route, stack, c, frames))
+                    }));
                 }
             }
+        }
+        let mut agg: HashMap<(NameId, u32), (Counts, Stack)> = HashMap::new();
+        for (route, stack, c, frames) in copied {
+            let e = agg
+                .entry((route, stack))
+                .or_insert_with(|| (Counts::default(), frames));
+            e.0.count += c.count;
+            e.0.cpu_ns += c.cpu_ns;
         }
         let mut labels_of_route: HashMap<NameId, Option<Arc<SampleLabels>>> = HashMap::new();
         let samples = agg
             .into_iter()
-            .filter_map(|((route, _, stack), c)| {
-                let frames = st.stacks.get(stack as usize)?.as_ref()?.frames.clone();
+            .map(|((route, _), (c, frames))| {
                 let labels = labels_of_route
                     .entry(route)
                     .or_insert_with(|| {
@@ -468,12 +479,12 @@ impl SpanProfileStore {
                         })
                     })
                     .clone();
-                Some(ProfileSample {
+                ProfileSample {
                     stack: frames,
                     labels,
                     count: c.count,
                     cpu_ns: c.cpu_ns,
-                })
+                }
             })
             .collect();
         Profile {
@@ -580,7 +591,7 @@ impl State {
     }
 
     fn add_to_bucket(&mut self, time_ns: u64, key: (NameId, bool, u32), weight: u64) {
-        let stack = key.2;
+        let (route, labelled, stack) = key;
         let width = self.cfg.bucket_width.as_nanos() as u64;
         let start = time_ns - time_ns % width;
         let need_new = self.buckets.back().is_none_or(|b| b.start_ns < start);
@@ -600,12 +611,12 @@ impl State {
             .iter()
             .rposition(|b| b.start_ns <= start)
             .unwrap_or(0);
-        let is_new = !self.buckets[idx].entries.contains_key(&key);
-        self.buckets[idx]
+        let stacks = self.buckets[idx]
             .entries
-            .entry(key)
-            .or_default()
-            .add(weight);
+            .entry((route, labelled))
+            .or_default();
+        let is_new = !stacks.contains_key(&stack);
+        stacks.entry(stack).or_default().add(weight);
         if is_new {
             self.bytes += BUCKET_ENTRY_BYTES;
             self.stack_ref(stack);
@@ -614,7 +625,7 @@ impl State {
 
     fn drop_oldest_bucket(&mut self) {
         if let Some(b) = self.buckets.pop_front() {
-            for (_, _, stack) in b.entries.into_keys() {
+            for stack in b.entries.into_values().flat_map(HashMap::into_keys) {
                 self.bytes = self.bytes.saturating_sub(BUCKET_ENTRY_BYTES);
                 self.stack_unref(stack);
             }

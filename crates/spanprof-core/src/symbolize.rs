@@ -1,5 +1,6 @@
 //! Symbolization off the hot path: instruction addresses to demangled function
-//! names with inlined frames, source files and lines (blazesym), cached per address.
+//! names with inlined frames, source files and lines (blazesym), cached per address
+//! and per name in caches bounded by bytes.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -8,18 +9,28 @@ use blazesym::Pid;
 use blazesym::symbolize::source::{Process, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 
+use crate::cache::{BoundedCache, CacheStats};
 use crate::profile::Frame;
 
 /// Address standing for "the stack was cut here" (see `FLAG_TRUNCATED`).
 pub(crate) const TRUNCATED_ADDR: u64 = u64::MAX;
 /// Address standing for "stack table full" (see the store).
 pub(crate) const OVERFLOW_ADDR: u64 = u64::MAX - 1;
-const MAX_CACHED: usize = 200_000;
+
+/// Names of functions and files shared by the frames of the address cache.
+type Names = BoundedCache<Arc<str>, Arc<str>>;
+
+/// Bytes of one cached address: its frames, in one shared allocation.
+fn frames_bytes(frames: &[Frame]) -> usize {
+    2 * std::mem::size_of::<usize>() + std::mem::size_of_val(frames)
+}
 
 pub(crate) struct AddressSymbolizer {
     symbolizer: Symbolizer,
-    cache: HashMap<u64, Arc<[Frame]>>,
-    names: HashMap<String, Arc<str>>,
+    /// Frames per instruction address (bounded: three quarters of the bound).
+    cache: BoundedCache<u64, Arc<[Frame]>>,
+    /// Function and file names, so frames share them (a quarter of the bound).
+    names: Names,
     /// Executable mappings of this process (start, end, file name), for naming
     /// addresses no symbol covers (`[libc.so.6]`).
     modules: Vec<(u64, u64, String)>,
@@ -90,17 +101,25 @@ fn unknown_name(modules: &mut Vec<(u64, u64, String)>, addr: u64) -> String {
 }
 
 impl AddressSymbolizer {
-    pub(crate) fn new() -> Self {
+    /// A symbolizer whose own caches hold at most about `max_bytes`.
+    pub(crate) fn new(max_bytes: usize) -> Self {
         AddressSymbolizer {
             symbolizer: Symbolizer::builder()
                 .enable_inlined_fns(true)
                 .enable_code_info(true)
                 .enable_demangling(true)
                 .build(),
-            cache: HashMap::new(),
-            names: HashMap::new(),
+            cache: BoundedCache::new(max_bytes / 4 * 3),
+            names: BoundedCache::new(max_bytes / 4),
             modules: Vec::new(),
         }
+    }
+
+    /// The counters of its caches (addresses and names together).
+    pub(crate) fn stats(&self) -> CacheStats {
+        let mut s = self.cache.stats();
+        s.add(self.names.stats());
+        s
     }
 
     /// The frames of a raw stack (leaf first). Return addresses (every frame but the
@@ -111,10 +130,10 @@ impl AddressSymbolizer {
             .enumerate()
             .map(|(i, &a)| lookup_addr(i, a))
             .collect();
-        self.resolve_missing(&lookups);
+        let resolved = self.resolve_missing(&lookups);
         let mut out = Vec::with_capacity(addrs.len() + 4);
-        for (&a, &l) in addrs.iter().zip(&lookups) {
-            if let Some(frames) = self.cache.get(&l) {
+        for (&a, l) in addrs.iter().zip(&lookups) {
+            if let Some(frames) = resolved.get(l) {
                 out.extend(frames.iter().map(|f| Frame {
                     address: a,
                     ..f.clone()
@@ -124,105 +143,124 @@ impl AddressSymbolizer {
         out.into()
     }
 
-    fn resolve_missing(&mut self, lookups: &[u64]) {
-        if self.cache.len() > MAX_CACHED {
-            self.cache.clear();
-        }
-        let mut missing: Vec<u64> = lookups
-            .iter()
-            .copied()
-            .filter(|a| !self.cache.contains_key(a) && *a != TRUNCATED_ADDR && *a != OVERFLOW_ADDR)
-            .collect();
-        missing.sort_unstable();
-        missing.dedup();
-        for special in [TRUNCATED_ADDR, OVERFLOW_ADDR] {
-            if lookups.contains(&special) && !self.cache.contains_key(&special) {
-                let name = if special == TRUNCATED_ADDR {
+    /// The frames of every address of `lookups`, symbolizing those not cached.
+    fn resolve_missing(&mut self, lookups: &[u64]) -> HashMap<u64, Arc<[Frame]>> {
+        let mut found: HashMap<u64, Arc<[Frame]>> = HashMap::with_capacity(lookups.len());
+        let mut missing = Vec::new();
+        for &addr in lookups {
+            if found.contains_key(&addr) {
+                continue;
+            }
+            if let Some(frames) = self.cache.get(&addr) {
+                found.insert(addr, frames.clone());
+            } else if addr == TRUNCATED_ADDR || addr == OVERFLOW_ADDR {
+                let name = if addr == TRUNCATED_ADDR {
                     "[truncated: stack deeper than the unwind limit]"
                 } else {
                     "[dropped: stack table full]"
                 };
-                let f = synthetic(&mut self.names, name, special);
-                self.cache.insert(special, f);
+                let f = synthetic(&mut self.names, name, addr);
+                self.keep(addr, f.clone());
+                found.insert(addr, f);
+            } else {
+                missing.push(addr);
             }
         }
+        missing.sort_unstable();
+        missing.dedup();
         if missing.is_empty() {
-            return;
+            return found;
         }
         let src = Source::Process(Process::new(Pid::Slf));
-        let results = self.symbolizer.symbolize(&src, Input::AbsAddr(&missing));
-        let names = &mut self.names;
-        let cache = &mut self.cache;
-        let modules = &mut self.modules;
-        match results {
+        match self.symbolizer.symbolize(&src, Input::AbsAddr(&missing)) {
             Ok(results) => {
                 for (addr, sym) in missing.iter().zip(results) {
                     let frames = match sym {
-                        Symbolized::Sym(sym) => {
-                            // Innermost first: the deepest inlined callee, ..., then the
-                            // function that physically contains the address.
-                            let mut frames = Vec::with_capacity(1 + sym.inlined.len());
-                            let mut loc = sym.code_info.as_deref().map(|c| {
-                                (c.file.to_string_lossy().into_owned(), c.line.unwrap_or(0))
-                            });
-                            for inl in sym.inlined.iter().rev() {
-                                let (file, line) = loc.take().unwrap_or_default();
-                                frames.push(Frame {
-                                    function: name(names, &clean(&inl.name)),
-                                    file: (!file.is_empty()).then(|| name(names, &file)),
-                                    line,
-                                    address: *addr,
-                                    inlined: true,
-                                });
-                                loc = inl.code_info.as_ref().map(|c| {
-                                    (c.file.to_string_lossy().into_owned(), c.line.unwrap_or(0))
-                                });
-                            }
-                            let (file, line) = loc.unwrap_or_default();
-                            frames.push(Frame {
-                                function: name(names, &clean(&sym.name)),
-                                file: (!file.is_empty()).then(|| name(names, &file)),
-                                line,
-                                address: *addr,
-                                inlined: false,
-                            });
-                            frames.into()
-                        }
+                        Symbolized::Sym(sym) => sym_frames(&mut self.names, &sym, *addr),
                         Symbolized::Unknown(_) => {
-                            synthetic(names, &unknown_name(modules, *addr), *addr)
+                            let n = unknown_name(&mut self.modules, *addr);
+                            synthetic(&mut self.names, &n, *addr)
                         }
                     };
-                    cache.insert(*addr, frames);
+                    let bytes = frames_bytes(&frames);
+                    self.cache.insert(*addr, frames.clone(), bytes);
+                    found.insert(*addr, frames);
                 }
             }
             Err(e) if missing.len() > 1 => {
                 // One bad address fails the whole batch: retry them one by one.
                 tracing::debug!(error = %e, "spanprof: batch symbolization failed; retrying singly");
                 for addr in missing {
-                    self.resolve_missing(&[addr]);
+                    found.extend(self.resolve_missing(&[addr]));
                 }
             }
             Err(e) => {
                 tracing::debug!(error = %e, "spanprof: symbolization failed");
                 for addr in missing {
-                    let f = synthetic(names, &unknown_name(modules, addr), addr);
-                    cache.insert(addr, f);
+                    let n = unknown_name(&mut self.modules, addr);
+                    let f = synthetic(&mut self.names, &n, addr);
+                    self.keep(addr, f.clone());
+                    found.insert(addr, f);
                 }
             }
         }
+        found
+    }
+
+    fn keep(&mut self, addr: u64, frames: Arc<[Frame]>) {
+        let bytes = frames_bytes(&frames);
+        self.cache.insert(addr, frames, bytes);
     }
 }
 
-fn name(names: &mut HashMap<String, Arc<str>>, s: &str) -> Arc<str> {
+/// The frames of one symbolized address, innermost first: the deepest inlined
+/// callee, ..., then the function that physically contains the address.
+fn sym_frames(names: &mut Names, sym: &blazesym::symbolize::Sym<'_>, addr: u64) -> Arc<[Frame]> {
+    let mut frames = Vec::with_capacity(1 + sym.inlined.len());
+    let mut loc = sym
+        .code_info
+        .as_deref()
+        .map(|c| (c.file.to_string_lossy().into_owned(), c.line.unwrap_or(0)));
+    for inl in sym.inlined.iter().rev() {
+        let (file, line) = loc.take().unwrap_or_default();
+        frames.push(Frame {
+            function: name(names, &clean(&inl.name)),
+            file: (!file.is_empty()).then(|| name(names, &file)),
+            line,
+            address: addr,
+            inlined: true,
+        });
+        loc = inl
+            .code_info
+            .as_ref()
+            .map(|c| (c.file.to_string_lossy().into_owned(), c.line.unwrap_or(0)));
+    }
+    let (file, line) = loc.unwrap_or_default();
+    frames.push(Frame {
+        function: name(names, &clean(&sym.name)),
+        file: (!file.is_empty()).then(|| name(names, &file)),
+        line,
+        address: addr,
+        inlined: false,
+    });
+    frames.into()
+}
+
+/// The shared copy of a function or file name.
+fn name(names: &mut Names, s: &str) -> Arc<str> {
     if let Some(a) = names.get(s) {
         return a.clone();
     }
     let a: Arc<str> = Arc::from(s);
-    names.insert(s.to_owned(), a.clone());
+    names.insert(
+        a.clone(),
+        a.clone(),
+        2 * std::mem::size_of::<usize>() + s.len(),
+    );
     a
 }
 
-fn synthetic(names: &mut HashMap<String, Arc<str>>, function: &str, addr: u64) -> Arc<[Frame]> {
+fn synthetic(names: &mut Names, function: &str, addr: u64) -> Arc<[Frame]> {
     Arc::from(vec![Frame {
         function: name(names, function),
         file: None,
@@ -236,7 +274,7 @@ fn lookup_addr(index: usize, addr: u64) -> u64 {
     if index == 0 || addr >= OVERFLOW_ADDR {
         addr
     } else {
-        addr - 1
+        addr.saturating_sub(1)
     }
 }
 
@@ -263,7 +301,7 @@ mod tests {
     #[test]
     fn resolves_own_function() {
         let addr = marker_function_for_symbolizer as *const () as u64;
-        let mut s = AddressSymbolizer::new();
+        let mut s = AddressSymbolizer::new(16 << 20);
         let frames = s.stack(&[addr]);
         // The full path, from the workspace's test profile (`debug = "limited"`).
         assert!(
@@ -273,5 +311,26 @@ mod tests {
         );
         assert_eq!(clean("a::b::h0123456789abcdef"), "a::b");
         assert_eq!(clean("a::b::hello"), "a::b::hello");
+    }
+
+    #[test]
+    fn the_address_cache_stays_within_its_bound_and_counts_evictions() {
+        const MAX: usize = 256 << 10;
+        let (lo, hi) = executable_text().expect("this test binary's code");
+        let mut s = AddressSymbolizer::new(MAX);
+        let mut asked = 0;
+        for chunk in (lo..hi)
+            .step_by(64)
+            .take(20_000)
+            .collect::<Vec<_>>()
+            .chunks(100)
+        {
+            assert!(s.stack(chunk).len() >= chunk.len());
+            asked += chunk.len();
+            let st = s.stats();
+            assert!(st.bytes <= st.max_bytes, "after {asked} addresses: {st:?}");
+        }
+        let st = s.stats();
+        assert!(st.evicted > 0, "{st:?}");
     }
 }

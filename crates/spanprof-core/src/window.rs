@@ -98,6 +98,21 @@ impl ProfileWindow {
 }
 
 impl WindowInner {
+    /// Distinct (labels, stack) entries of the current interval.
+    pub(crate) fn entries(&self) -> usize {
+        self.interval
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entries
+            .len()
+    }
+
+    /// Estimated bytes of the current interval: its map's slots (the labels and
+    /// stacks they point at are shared with the collector's caches and the store).
+    pub(crate) fn bytes(&self) -> usize {
+        self.entries() * (std::mem::size_of::<((usize, usize), Entry)>() + 1) * 8 / 7
+    }
+
     /// Adds one sample (called by the collector).
     pub(crate) fn add(&self, labels: &Option<Arc<SampleLabels>>, stack: &Stack, weight_ns: u64) {
         let key = (

@@ -1,42 +1,57 @@
 //! Delivery that survives outages, the same for every network sink: a bounded
-//! queue filled without blocking; one sender thread (its own small tokio runtime, so
-//! a sink never runs on — or slows — the application's runtime); retries with
-//! exponential backoff and jitter on connection errors, timeouts and 5xx (and 429),
-//! none on other 4xx (logged once per status with the server's message); a flush
-//! with a deadline at shutdown; counters of everything.
+//! queue filled without blocking (when full, the oldest payload makes room); one
+//! sender thread (its own small tokio runtime, so a sink never runs on — or slows —
+//! the application's runtime); retries with exponential backoff and jitter on
+//! connection errors, timeouts and 5xx (and 408, 429) for as long as the queue has
+//! room, none on other 4xx (logged once per status with the server's message); a
+//! flush bounded by one deadline at shutdown, which also cuts a send in flight; a
+//! panic in a send is caught, logged once and counted; counters of everything.
 
 use std::collections::{HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Default number of payloads the queue holds.
+use crate::ExportError;
+
+/// Default number of payloads the queue holds (with the default 10 s interval of
+/// the network sinks: 640 s, about 10 minutes, of profiles).
 pub const DEFAULT_QUEUE_CAPACITY: usize = 64;
-/// Default attempts per payload (the first send and its retries).
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 6;
-/// Default first retry delay (doubling, with jitter).
+/// Default attempts per payload: no limit. A payload is retried until it is sent,
+/// the server rejects it, it is the oldest of a full queue when a new one arrives,
+/// or shutdown's deadline passes: the retry horizon is the queue's.
+pub const DEFAULT_MAX_ATTEMPTS: Option<u32> = None;
+/// Default first retry delay (doubling, ±50 % jitter).
 pub const DEFAULT_BASE_BACKOFF: Duration = Duration::from_millis(500);
-/// Default longest retry delay.
+/// Default longest retry delay (before jitter).
 pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Default timeout of one send.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The shutdown deadline spanprof's documentation and examples use.
+pub const DEFAULT_SHUTDOWN_DEADLINE: Duration = Duration::from_secs(5);
 
-/// How a sink delivers. Every setter's default is the `DEFAULT_*` constant.
+/// How a sink delivers. Every field's default is the `DEFAULT_*` constant.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeliveryConfig {
-    /// Payloads held while the server is slow or down; past it new payloads are
-    /// dropped and counted (`dropped_queue_full`).
+    /// Payloads held (waiting or being sent) while the server is slow or down. When
+    /// a new payload finds the queue full, the oldest one is dropped and counted
+    /// (`dropped_queue_full`). Defaults to [`DEFAULT_QUEUE_CAPACITY`]; at least 1.
     pub queue_capacity: usize,
-    /// Attempts per payload before it is dropped (`dropped_retries_exhausted`).
-    pub max_attempts: u32,
-    /// First retry delay; doubles per attempt, ±50 % jitter.
+    /// Attempts per payload before it is dropped (`dropped_retries_exhausted`);
+    /// `None`, the default ([`DEFAULT_MAX_ATTEMPTS`]), retries while the queue has
+    /// room.
+    pub max_attempts: Option<u32>,
+    /// First retry delay; doubles after every failure (the next payload carries on
+    /// from there: the delay is about the server, not the payload) up to
+    /// `max_backoff`, ±50 % jitter; back to this after any answer. Defaults to
+    /// [`DEFAULT_BASE_BACKOFF`].
     pub base_backoff: Duration,
-    /// Cap of the retry delay.
+    /// Cap of the retry delay. Defaults to [`DEFAULT_MAX_BACKOFF`].
     pub max_backoff: Duration,
-    /// Timeout of one send.
+    /// Timeout of one send. Defaults to [`DEFAULT_REQUEST_TIMEOUT`].
     pub request_timeout: Duration,
 }
 
@@ -52,7 +67,45 @@ impl Default for DeliveryConfig {
     }
 }
 
-/// Counters of one sink's delivery.
+impl DeliveryConfig {
+    /// Checks the values; errors name the field (`delivery.queue_capacity`, …).
+    pub fn validate(&self) -> Result<(), ExportError> {
+        if self.queue_capacity == 0 {
+            return Err(ExportError::config(
+                "delivery.queue_capacity",
+                "must be at least 1",
+            ));
+        }
+        if self.max_attempts == Some(0) {
+            return Err(ExportError::config(
+                "delivery.max_attempts",
+                "must be at least 1 (None: retry while the queue has room)",
+            ));
+        }
+        if self.base_backoff.is_zero() {
+            return Err(ExportError::config(
+                "delivery.base_backoff",
+                "must be more than zero",
+            ));
+        }
+        if self.max_backoff < self.base_backoff {
+            return Err(ExportError::config(
+                "delivery.max_backoff",
+                "must be at least delivery.base_backoff",
+            ));
+        }
+        if self.request_timeout.is_zero() {
+            return Err(ExportError::config(
+                "delivery.request_timeout",
+                "must be more than zero",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Counters of one sink's delivery. Every payload queued ends in exactly one of
+/// `sent` and the `dropped_*` counters, or is still `pending`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DeliveryStats {
     /// Payloads accepted into the queue.
@@ -61,15 +114,20 @@ pub struct DeliveryStats {
     pub sent: u64,
     /// Retries made (attempts after the first).
     pub retried: u64,
-    /// Payloads dropped because the queue was full.
+    /// Payloads dropped to make room: the oldest of a full queue when a new one came.
     pub dropped_queue_full: u64,
     /// Payloads the server rejected with a 4xx (not retried).
     pub dropped_rejected: u64,
-    /// Payloads dropped after `max_attempts` failed attempts.
+    /// Payloads dropped after `max_attempts` failed attempts (only when set).
     pub dropped_retries_exhausted: u64,
-    /// Payloads still queued when the shutdown deadline passed.
+    /// Payloads still queued, or being sent, when the shutdown deadline passed, or
+    /// made after shutdown began (the last interval when it came too late).
     pub dropped_shutdown: u64,
-    /// Payloads waiting now.
+    /// Payloads lost to a panic in the sink (in a send, in taking or encoding an
+    /// interval's profile, or in the sender thread itself) or to a sender thread
+    /// that could not start; the first is logged.
+    pub dropped_panicked: u64,
+    /// Payloads waiting or being sent now.
     pub pending: u64,
 }
 
@@ -80,13 +138,14 @@ impl DeliveryStats {
             + self.dropped_rejected
             + self.dropped_retries_exhausted
             + self.dropped_shutdown
+            + self.dropped_panicked
     }
 }
 
 /// Why one send failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SendError {
-    /// Worth retrying: connection refused or reset, timeout, 5xx, 429.
+    /// Worth retrying: connection refused or reset, timeout, 5xx, 408, 429.
     Retryable(String),
     /// The server refused the payload (4xx): retrying would not help.
     Rejected {
@@ -115,26 +174,138 @@ struct Counters {
     dropped_rejected: AtomicU64,
     dropped_retries_exhausted: AtomicU64,
     dropped_shutdown: AtomicU64,
+    dropped_panicked: AtomicU64,
+}
+
+/// What the sender does with the payload it took from the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InFlight {
+    None,
+    /// An attempt is under way.
+    Sending,
+    /// Between attempts: the oldest payload, which a full queue may drop.
+    Waiting,
 }
 
 struct Queue {
     items: VecDeque<Vec<u8>>,
-    /// The payload being sent (taken from `items`), so `flush` can wait for it.
-    in_flight: bool,
+    in_flight: InFlight,
+    /// The waiting payload was dropped (and counted) to make room.
+    abandon_in_flight: bool,
+    /// When shutdown began: its deadline.
     closing: Option<Instant>,
+    /// The sender thread could not run (no runtime): everything is dropped.
+    dead: bool,
 }
 
-struct Shared {
+impl Queue {
+    /// Payloads held: waiting, plus the one in flight unless dropped already.
+    fn held(&self) -> usize {
+        self.items.len() + usize::from(self.in_flight != InFlight::None && !self.abandon_in_flight)
+    }
+}
+
+pub(crate) struct Shared {
     name: &'static str,
     queue: Mutex<Queue>,
+    /// Wakes the sender thread when a payload arrives or shutdown begins.
     cv: Condvar,
+    /// Wakes the sender's runtime (a backoff or a send in flight) when shutdown
+    /// begins or the waiting payload is dropped.
+    wake: tokio::sync::Notify,
     counters: Counters,
     cfg: DeliveryConfig,
+    panic_logged: AtomicBool,
 }
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn count(&self, counter: impl Fn(&Counters) -> &AtomicU64, n: u64) {
+        counter(&self.counters).fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Queues a payload without blocking (see [`Delivery::enqueue`]).
+    pub(crate) fn enqueue(&self, payload: Vec<u8>) -> bool {
+        let mut q = self.lock();
+        if q.dead {
+            self.count(|c| &c.dropped_panicked, 1);
+            return false;
+        }
+        if q.closing.is_some() {
+            self.count(|c| &c.dropped_shutdown, 1);
+            return false;
+        }
+        if q.held() >= self.cfg.queue_capacity.max(1) {
+            // Full: the oldest payload makes room. That is the one between retries
+            // if there is one, else the first waiting; one being sent right now is
+            // left to its attempt.
+            if q.in_flight == InFlight::Waiting && !q.abandon_in_flight {
+                q.abandon_in_flight = true;
+                self.wake.notify_one();
+            } else if q.items.pop_front().is_none() {
+                self.count(|c| &c.dropped_queue_full, 1);
+                return false;
+            }
+            self.count(|c| &c.dropped_queue_full, 1);
+        }
+        q.items.push_back(payload);
+        self.count(|c| &c.queued, 1);
+        drop(q);
+        self.cv.notify_all();
+        true
+    }
+
+    /// The sender thread ended early: drops (and counts) what it held, and every
+    /// later payload.
+    fn sender_ended(&self) {
+        let mut q = self.lock();
+        q.dead = true;
+        let held = q.held() as u64;
+        q.items.clear();
+        q.in_flight = InFlight::None;
+        self.count(|c| &c.dropped_panicked, held);
+    }
+
+    /// Counts a payload lost at shutdown.
+    pub(crate) fn count_dropped_shutdown(&self) {
+        self.count(|c| &c.dropped_shutdown, 1);
+    }
+
+    /// Counts a payload lost to a panic and logs the first panic of this sink.
+    pub(crate) fn lost_to_panic(&self, what: &str, panic: &(dyn std::any::Any + Send)) {
+        self.count(|c| &c.dropped_panicked, 1);
+        if !self.panic_logged.swap(true, Ordering::Relaxed) {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "(no message)".to_owned());
+            tracing::error!(
+                sink = self.name,
+                panic = %message,
+                "spanprof: a panic in {what} was caught; the payload is dropped and counted \
+                 (dropped_panicked), the sink goes on (logged once)"
+            );
+        }
+    }
+
+    pub(crate) fn stats(&self) -> DeliveryStats {
+        let c = &self.counters;
+        let q = self.lock();
+        DeliveryStats {
+            queued: c.queued.load(Ordering::Relaxed),
+            sent: c.sent.load(Ordering::Relaxed),
+            retried: c.retried.load(Ordering::Relaxed),
+            dropped_queue_full: c.dropped_queue_full.load(Ordering::Relaxed),
+            dropped_rejected: c.dropped_rejected.load(Ordering::Relaxed),
+            dropped_retries_exhausted: c.dropped_retries_exhausted.load(Ordering::Relaxed),
+            dropped_shutdown: c.dropped_shutdown.load(Ordering::Relaxed),
+            dropped_panicked: c.dropped_panicked.load(Ordering::Relaxed),
+            pending: q.held() as u64,
+        }
     }
 }
 
@@ -154,24 +325,51 @@ impl std::fmt::Debug for Delivery {
 }
 
 impl Delivery {
-    /// Starts the sender thread of sink `name`.
+    /// Starts the sender thread of sink `name`. `cfg` should pass
+    /// [`DeliveryConfig::validate`] (the exporters check it); a zero queue capacity
+    /// holds one payload.
     pub fn start(name: &'static str, cfg: DeliveryConfig, transport: impl Transport) -> Delivery {
+        Delivery::start_on(name, cfg, transport, Clock::Real)
+    }
+
+    fn start_on(
+        name: &'static str,
+        cfg: DeliveryConfig,
+        transport: impl Transport,
+        clock: Clock,
+    ) -> Delivery {
         let shared = Arc::new(Shared {
             name,
             queue: Mutex::new(Queue {
                 items: VecDeque::new(),
-                in_flight: false,
+                in_flight: InFlight::None,
+                abandon_in_flight: false,
                 closing: None,
+                dead: false,
             }),
             cv: Condvar::new(),
+            wake: tokio::sync::Notify::new(),
             counters: Counters::default(),
             cfg,
+            panic_logged: AtomicBool::new(false),
         });
         let thread = {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name(format!("spanprof-{name}"))
-                .spawn(move || run(shared, transport))
+                .spawn(move || {
+                    let guarded = shared.clone();
+                    // The last line of defence: whatever happens, what is left is
+                    // counted, and later payloads too.
+                    if let Err(panic) =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            run(shared, transport, clock)
+                        }))
+                    {
+                        guarded.lost_to_panic("the sender thread", &*panic);
+                        guarded.sender_ended();
+                    }
+                })
                 .expect("spawn a sink thread")
         };
         Delivery {
@@ -180,86 +378,201 @@ impl Delivery {
         }
     }
 
-    /// Queues a payload without blocking. Returns false (and counts it) when the queue
-    /// is full or closing.
+    pub(crate) fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
+
+    /// Queues a payload without blocking. When the queue is full the oldest payload
+    /// is dropped to make room (counted in `dropped_queue_full`). Returns false (and
+    /// counts it) when the payload itself is not kept: after shutdown began.
     pub fn enqueue(&self, payload: Vec<u8>) -> bool {
-        let mut q = self.shared.lock();
-        if q.closing.is_some() || q.items.len() >= self.shared.cfg.queue_capacity {
-            self.shared
-                .counters
-                .dropped_queue_full
-                .fetch_add(1, Ordering::Relaxed);
-            return false;
-        }
-        q.items.push_back(payload);
-        self.shared.counters.queued.fetch_add(1, Ordering::Relaxed);
-        drop(q);
-        self.shared.cv.notify_all();
-        true
+        self.shared.enqueue(payload)
     }
 
     /// The counters.
     pub fn stats(&self) -> DeliveryStats {
-        let c = &self.shared.counters;
-        let q = self.shared.lock();
-        DeliveryStats {
-            queued: c.queued.load(Ordering::Relaxed),
-            sent: c.sent.load(Ordering::Relaxed),
-            retried: c.retried.load(Ordering::Relaxed),
-            dropped_queue_full: c.dropped_queue_full.load(Ordering::Relaxed),
-            dropped_rejected: c.dropped_rejected.load(Ordering::Relaxed),
-            dropped_retries_exhausted: c.dropped_retries_exhausted.load(Ordering::Relaxed),
-            dropped_shutdown: c.dropped_shutdown.load(Ordering::Relaxed),
-            pending: q.items.len() as u64 + u64::from(q.in_flight),
-        }
+        self.shared.stats()
     }
 
     /// Stops accepting payloads, keeps sending what is queued until it is all sent or
-    /// `deadline` has passed, drops (and counts) the rest, and returns the counters.
+    /// `deadline` has passed — a send still under way then is cut — drops (and
+    /// counts) the rest, and returns the counters. Returns within `deadline` (plus
+    /// the time to stop a thread).
     pub fn shutdown(mut self, deadline: Duration) -> DeliveryStats {
-        self.close(deadline);
-        let stats = self.stats();
-        tracing::info!(sink = self.shared.name, ?stats, "spanprof: sink stopped");
-        stats
+        self.begin_close(Instant::now() + deadline);
+        self.finish_close()
     }
 
-    fn close(&mut self, deadline: Duration) {
-        self.shared.lock().closing = Some(Instant::now() + deadline);
+    /// Starts the flush: no new payloads, sends cut at `end`.
+    pub(crate) fn begin_close(&self, end: Instant) {
+        self.shared.lock().closing = Some(end);
         self.shared.cv.notify_all();
+        self.shared.wake.notify_one();
+    }
+
+    /// Waits for the sender thread (it ends by the deadline of
+    /// [`Delivery::begin_close`]), logs and returns the counters.
+    pub(crate) fn finish_close(&mut self) -> DeliveryStats {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        let stats = self.stats();
+        tracing::info!(sink = self.shared.name, ?stats, "spanprof: sink stopped");
+        stats
     }
 }
 
 impl Drop for Delivery {
     fn drop(&mut self) {
-        if self.thread.is_some() {
-            self.close(Duration::ZERO);
+        if let Some(t) = self.thread.take() {
+            self.begin_close(Instant::now());
+            let _ = t.join();
         }
     }
 }
 
-/// A small xorshift for jitter (no need for a cryptographic source here).
-fn jitter_factor(seed: &mut u64) -> f64 {
-    *seed ^= *seed << 13;
-    *seed ^= *seed >> 7;
-    *seed ^= *seed << 17;
-    0.5 + (*seed >> 11) as f64 / (1u64 << 53) as f64
+/// The sender's clock: real, or (in this crate's tests) tokio's paused clock, which
+/// jumps over every wait, so that the default policy can be followed through a long
+/// outage in no time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Clock {
+    Real,
+    #[cfg(test)]
+    Paused,
 }
 
-fn run(shared: Arc<Shared>, transport: impl Transport) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a sink runtime");
-    let mut seed = (Instant::now().elapsed().as_nanos() as u64)
-        ^ 0x9e37_79b9_7f4a_7c15
-        ^ (std::process::id() as u64);
+fn sender_runtime(clock: Clock) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_all();
+    #[cfg(test)]
+    if clock == Clock::Paused {
+        builder.start_paused(true);
+    }
+    let _ = clock;
+    builder.build()
+}
+
+/// The retry delay, kept across payloads (it is about the server, not the payload):
+/// during an outage the next payload's retries go on from the current delay; any
+/// answer from the server resets it.
+struct Backoff {
+    next: Duration,
+    seed: u64,
+}
+
+impl Backoff {
+    fn new(cfg: &DeliveryConfig) -> Self {
+        use std::hash::{BuildHasher, RandomState};
+        Backoff {
+            next: cfg.base_backoff,
+            seed: RandomState::new().hash_one(std::process::id()) | 1,
+        }
+    }
+
+    /// The next delay (±50 % jitter), doubling the one after up to `max_backoff`.
+    fn wait(&mut self, cfg: &DeliveryConfig) -> Duration {
+        // xorshift: jitter needs no cryptographic source.
+        self.seed ^= self.seed << 13;
+        self.seed ^= self.seed >> 7;
+        self.seed ^= self.seed << 17;
+        let factor = 0.5 + (self.seed >> 11) as f64 / (1u64 << 53) as f64;
+        let wait = self.next.mul_f64(factor);
+        self.next = (self.next * 2).min(cfg.max_backoff);
+        wait
+    }
+
+    fn reset(&mut self, cfg: &DeliveryConfig) {
+        self.next = cfg.base_backoff;
+    }
+}
+
+/// How one attempt ended.
+enum Attempt {
+    Done(Result<(), SendError>),
+    /// Shutdown's deadline came first.
+    Cut,
+    Panicked(Box<dyn std::any::Any + Send>),
+}
+
+/// One send, bounded by the request timeout and by shutdown's deadline (which may
+/// be set while it runs), with any panic caught.
+fn attempt(
+    rt: &tokio::runtime::Runtime,
+    shared: &Shared,
+    transport: &impl Transport,
+    payload: &[u8],
+) -> Attempt {
+    let timeout = shared.cfg.request_timeout;
+    let send = async {
+        tokio::select! {
+            r = tokio::time::timeout(timeout, transport.send(payload)) => Attempt::Done(
+                r.unwrap_or_else(|_| {
+                    Err(SendError::Retryable(format!("request timed out after {timeout:?}")))
+                }),
+            ),
+            () = until_deadline(shared) => Attempt::Cut,
+        }
+    };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(send))) {
+        Ok(a) => a,
+        Err(panic) => Attempt::Panicked(panic),
+    }
+}
+
+/// Completes at shutdown's deadline (never before shutdown begins).
+async fn until_deadline(shared: &Shared) {
+    loop {
+        let woken = shared.wake.notified();
+        let closing = shared.lock().closing;
+        if let Some(end) = closing {
+            tokio::time::sleep_until(end.into()).await;
+            return;
+        }
+        woken.await;
+    }
+}
+
+/// Waits `wait` between attempts; returns early (false) when the payload is dropped
+/// to make room or the retry would come after shutdown's deadline. Returns whether
+/// to try again.
+fn backoff_wait(rt: &tokio::runtime::Runtime, shared: &Shared, wait: Duration) -> bool {
+    rt.block_on(async {
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            let woken = shared.wake.notified();
+            {
+                let q = shared.lock();
+                if q.abandon_in_flight {
+                    return false;
+                }
+                let left = until.saturating_duration_since(tokio::time::Instant::now());
+                if q.closing.is_some_and(|d| Instant::now() + left >= d) {
+                    return false;
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => return true,
+                () = woken => {}
+            }
+        }
+    })
+}
+
+fn run(shared: Arc<Shared>, transport: impl Transport, clock: Clock) {
+    let rt = match sender_runtime(clock) {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(sink = shared.name, error = %e, "spanprof: cannot start a sink's runtime; its profiles are dropped and counted (dropped_panicked)");
+            shared.sender_ended();
+            return;
+        }
+    };
+    let cfg = &shared.cfg;
+    let mut backoff = Backoff::new(cfg);
     let mut logged_status: HashSet<u16> = HashSet::new();
     loop {
         // Next payload, or exit when closing and empty (or past the deadline).
-        let (payload, deadline) = {
+        let payload = {
             let mut q = shared.lock();
             loop {
                 if let Some(d) = q.closing
@@ -267,39 +580,32 @@ fn run(shared: Arc<Shared>, transport: impl Transport) {
                 {
                     let left = q.items.len() as u64;
                     q.items.clear();
-                    shared
-                        .counters
-                        .dropped_shutdown
-                        .fetch_add(left, Ordering::Relaxed);
+                    shared.count(|c| &c.dropped_shutdown, left);
+                    drop(q);
+                    // Neither wait for nor drop-block on the transport's leftovers
+                    // (a DNS lookup on a blocking thread, a half-open connection).
+                    rt.shutdown_background();
                     return;
                 }
                 if let Some(p) = q.items.pop_front() {
-                    q.in_flight = true;
-                    break (p, q.closing);
+                    q.in_flight = InFlight::Sending;
+                    break p;
                 }
                 q = shared.cv.wait(q).unwrap_or_else(|e| e.into_inner());
             }
         };
-        let mut attempt = 0;
-        let mut backoff = shared.cfg.base_backoff;
+        let mut attempts = 0u32;
         loop {
-            attempt += 1;
-            let timeout = shared.cfg.request_timeout;
-            let result = rt.block_on(async {
-                tokio::time::timeout(timeout, transport.send(&payload))
-                    .await
-                    .unwrap_or_else(|_| Err(SendError::Retryable("request timed out".into())))
-            });
-            match result {
-                Ok(()) => {
-                    shared.counters.sent.fetch_add(1, Ordering::Relaxed);
+            attempts += 1;
+            match attempt(&rt, &shared, &transport, &payload) {
+                Attempt::Done(Ok(())) => {
+                    shared.count(|c| &c.sent, 1);
+                    backoff.reset(cfg);
                     break;
                 }
-                Err(SendError::Rejected { status, message }) => {
-                    shared
-                        .counters
-                        .dropped_rejected
-                        .fetch_add(1, Ordering::Relaxed);
+                Attempt::Done(Err(SendError::Rejected { status, message })) => {
+                    shared.count(|c| &c.dropped_rejected, 1);
+                    backoff.reset(cfg);
                     if logged_status.insert(status) {
                         tracing::warn!(
                             sink = shared.name,
@@ -310,42 +616,185 @@ fn run(shared: Arc<Shared>, transport: impl Transport) {
                     }
                     break;
                 }
-                Err(SendError::Retryable(why)) => {
-                    let closing = shared.lock().closing.or(deadline);
-                    let wait = backoff.mul_f64(jitter_factor(&mut seed));
-                    let past_deadline = closing.is_some_and(|d| Instant::now() + wait >= d);
-                    if attempt >= shared.cfg.max_attempts || past_deadline {
-                        if past_deadline {
-                            shared
-                                .counters
-                                .dropped_shutdown
-                                .fetch_add(1, Ordering::Relaxed);
-                        } else {
-                            shared
-                                .counters
-                                .dropped_retries_exhausted
-                                .fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(sink = shared.name, error = %why, attempts = attempt, "spanprof: dropping a profile after retries");
-                        }
+                Attempt::Cut => {
+                    shared.count(|c| &c.dropped_shutdown, 1);
+                    break;
+                }
+                Attempt::Panicked(panic) => {
+                    shared.lost_to_panic("a send", &*panic);
+                    break;
+                }
+                Attempt::Done(Err(SendError::Retryable(why))) => {
+                    if cfg.max_attempts.is_some_and(|max| attempts >= max) {
+                        shared.count(|c| &c.dropped_retries_exhausted, 1);
+                        tracing::warn!(sink = shared.name, error = %why, attempts, "spanprof: dropping a profile after retries");
                         break;
                     }
-                    tracing::debug!(sink = shared.name, error = %why, attempt, ?wait, "spanprof: send failed; retrying");
-                    shared.counters.retried.fetch_add(1, Ordering::Relaxed);
-                    if closing.is_some() {
-                        // Flushing at shutdown: the deadline check above bounds this.
-                        std::thread::sleep(wait);
-                    } else {
-                        // Sleep, but wake early when shutdown starts.
-                        let q = shared.lock();
-                        let _ = shared
-                            .cv
-                            .wait_timeout_while(q, wait, |q| q.closing.is_none())
-                            .unwrap_or_else(|e| e.into_inner());
+                    let wait = backoff.wait(cfg);
+                    {
+                        let mut q = shared.lock();
+                        if q.closing.is_some_and(|d| Instant::now() + wait >= d) {
+                            // The retry would come after shutdown's deadline.
+                            shared.count(|c| &c.dropped_shutdown, 1);
+                            break;
+                        }
+                        q.in_flight = InFlight::Waiting;
                     }
-                    backoff = (backoff * 2).min(shared.cfg.max_backoff);
+                    tracing::debug!(sink = shared.name, error = %why, attempt = attempts, ?wait, "spanprof: send failed; retrying");
+                    let again = backoff_wait(&rt, &shared, wait);
+                    let mut q = shared.lock();
+                    if q.abandon_in_flight {
+                        // Dropped to make room (counted then).
+                        break;
+                    }
+                    if !again {
+                        shared.count(|c| &c.dropped_shutdown, 1);
+                        break;
+                    }
+                    q.in_flight = InFlight::Sending;
+                    shared.count(|c| &c.retried, 1);
                 }
             }
         }
-        shared.lock().in_flight = false;
+        let mut q = shared.lock();
+        q.in_flight = InFlight::None;
+        q.abandon_in_flight = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The default policy followed through long outages with tokio's paused clock:
+    //! the sender's waits (backoff, timeouts) are the real code's, but each one is
+    //! skipped over, so half an hour of outage takes milliseconds.
+
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    /// A server that is down (connection refused) while `down` holds, or for the
+    /// first `outage` of the sender's clock; it records what it accepts, and the
+    /// sender-clock time of its first success.
+    #[derive(Clone, Default)]
+    struct Server {
+        outage: Duration,
+        down: Arc<AtomicBool>,
+        start: Arc<Mutex<Option<tokio::time::Instant>>>,
+        first_success_after: Arc<Mutex<Option<Duration>>>,
+        got: Arc<Mutex<Vec<Vec<u8>>>>,
+    }
+
+    impl Transport for Server {
+        fn send<'a>(&'a self, payload: &'a [u8]) -> SendFuture<'a> {
+            Box::pin(async move {
+                let now = tokio::time::Instant::now();
+                let since = now - *self.start.lock().unwrap().get_or_insert(now);
+                if since < self.outage || self.down.load(Ordering::Relaxed) {
+                    return Err(SendError::Retryable("connection refused".into()));
+                }
+                self.first_success_after
+                    .lock()
+                    .unwrap()
+                    .get_or_insert(since);
+                self.got.lock().unwrap().push(payload.to_vec());
+                Ok(())
+            })
+        }
+    }
+
+    fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// With the defaults, a payload queued at the start of a 30-minute outage is
+    /// retried through it (no attempt limit) and sent within one capped backoff
+    /// (30 s, +50 % jitter) of the server's return; nothing is dropped. The old
+    /// default of 6 attempts gave up after at most 23.25 s.
+    #[test]
+    fn the_default_policy_retries_through_a_long_outage() {
+        let cfg = DeliveryConfig::default();
+        assert_eq!(cfg.max_attempts, None);
+        let outage = Duration::from_secs(30 * 60);
+        let server = Server {
+            outage,
+            ..Server::default()
+        };
+        let d = Delivery::start_on("virtual", cfg.clone(), server.clone(), Clock::Paused);
+        for n in 0..10u8 {
+            assert!(d.enqueue(vec![n]));
+        }
+        wait_until("the queue to drain", || d.stats().sent == 10);
+        let stats = d.shutdown(Duration::from_secs(1));
+        assert_eq!(stats.dropped(), 0, "{stats:?}");
+        assert!(stats.retried > 30, "{stats:?}");
+        let got = server.got.lock().unwrap().clone();
+        assert_eq!(got, (0..10u8).map(|n| vec![n]).collect::<Vec<_>>());
+        let after = server.first_success_after.lock().unwrap().unwrap();
+        assert!(
+            after >= outage && after <= outage + cfg.max_backoff.mul_f64(1.5),
+            "first success {after:?} after the start of a {outage:?} outage"
+        );
+    }
+
+    /// With the default capacity, a full queue makes room by dropping its oldest
+    /// payloads, counted, and keeps the newest, which all arrive once the server
+    /// is back.
+    #[test]
+    fn a_full_queue_drops_its_oldest() {
+        let cfg = DeliveryConfig::default();
+        let server = Server::default();
+        server.down.store(true, Ordering::Relaxed);
+        let d = Delivery::start_on("virtual", cfg.clone(), server.clone(), Clock::Paused);
+        let made = DEFAULT_QUEUE_CAPACITY as u8 + 6;
+        for n in 0..made {
+            assert!(d.enqueue(vec![n]), "a new payload is always kept");
+        }
+        let during = d.stats();
+        assert_eq!(during.dropped_queue_full, 6, "{during:?}");
+        assert_eq!(during.pending, DEFAULT_QUEUE_CAPACITY as u64, "{during:?}");
+        server.down.store(false, Ordering::Relaxed);
+        wait_until("the queue to drain", || d.stats().pending == 0);
+        let stats = d.shutdown(Duration::from_secs(1));
+        assert_eq!(stats.sent, DEFAULT_QUEUE_CAPACITY as u64, "{stats:?}");
+        assert_eq!(stats.queued, stats.sent + stats.dropped(), "{stats:?}");
+        let got: Vec<u8> = server.got.lock().unwrap().iter().map(|p| p[0]).collect();
+        assert!(got.windows(2).all(|w| w[1] > w[0]), "in order: {got:?}");
+        assert!(
+            got.ends_with(&(made - 57..made).collect::<Vec<_>>()),
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn bad_delivery_settings_name_their_field() {
+        for (cfg, field) in [
+            (
+                DeliveryConfig {
+                    queue_capacity: 0,
+                    ..DeliveryConfig::default()
+                },
+                "delivery.queue_capacity",
+            ),
+            (
+                DeliveryConfig {
+                    max_attempts: Some(0),
+                    ..DeliveryConfig::default()
+                },
+                "delivery.max_attempts",
+            ),
+            (
+                DeliveryConfig {
+                    max_backoff: Duration::from_millis(1),
+                    ..DeliveryConfig::default()
+                },
+                "delivery.max_backoff",
+            ),
+        ] {
+            let e = cfg.validate().unwrap_err().to_string();
+            assert!(e.contains(field), "{e}");
+        }
     }
 }

@@ -3,7 +3,15 @@
 //! `go tool pprof http://127.0.0.1:PORT/debug/spanprof/profile?seconds=5` just works;
 //! `?span_id=<16 hex>` and `?trace_id=<32 hex>` return a span's (with everything
 //! under it) or a trace's profile from the store.
+//!
+//! The work (reading the store, encoding the pprof) runs on tokio's blocking pool,
+//! not on the runtime's workers that serve requests. Each `?seconds=` window holds
+//! up to [`spanprof_core::DEFAULT_WINDOW_ENTRIES`] aggregated samples while it is
+//! open, so at most [`MAX_CONCURRENT_WINDOWS`] are open at once in the process;
+//! further ones are answered `429 Too Many Requests` with a message and a
+//! `Retry-After`, logged and counted ([`debug_endpoint_stats`]).
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -18,6 +26,72 @@ use spanprof_core::{Profile, Profiler};
 pub const DEBUG_PROFILE_PATH: &str = "/debug/spanprof/profile";
 /// Longest `seconds` accepted.
 pub const MAX_SECONDS: u64 = 300;
+/// `?seconds=` windows open at once in the process; more are refused with 429.
+pub const MAX_CONCURRENT_WINDOWS: usize = 2;
+
+static WINDOWS_OPEN: AtomicUsize = AtomicUsize::new(0);
+static WINDOWS_REFUSED: AtomicU64 = AtomicU64::new(0);
+
+/// Counters of the profile endpoint (process-wide).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DebugEndpointStats {
+    /// `?seconds=` windows open now.
+    pub windows_open: usize,
+    /// `?seconds=` requests refused because [`MAX_CONCURRENT_WINDOWS`] were open.
+    pub windows_refused: u64,
+}
+
+/// The profile endpoint's counters.
+pub fn debug_endpoint_stats() -> DebugEndpointStats {
+    DebugEndpointStats {
+        windows_open: WINDOWS_OPEN.load(Ordering::Relaxed),
+        windows_refused: WINDOWS_REFUSED.load(Ordering::Relaxed),
+    }
+}
+
+/// One open `?seconds=` window's place; released on drop (also when the client
+/// goes away and the handler is dropped).
+struct WindowSlot;
+
+impl WindowSlot {
+    fn take() -> Option<WindowSlot> {
+        WINDOWS_OPEN
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_CONCURRENT_WINDOWS).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| WindowSlot)
+    }
+}
+
+impl Drop for WindowSlot {
+    fn drop(&mut self) {
+        WINDOWS_OPEN.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn refuse_window(seconds: u64) -> Response {
+    let refused = WINDOWS_REFUSED.fetch_add(1, Ordering::Relaxed) + 1;
+    // The first refusal and then one in a hundred: a client retrying in a loop does
+    // not flood the log; the counter has them all.
+    if refused == 1 || refused.is_multiple_of(100) {
+        tracing::warn!(
+            refused,
+            max = MAX_CONCURRENT_WINDOWS,
+            "{DEBUG_PROFILE_PATH}?seconds= refused: {MAX_CONCURRENT_WINDOWS} profile windows are already open"
+        );
+    }
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [(header::RETRY_AFTER, seconds.to_string())],
+        format!(
+            "{MAX_CONCURRENT_WINDOWS} profile windows are already open (each holds up to {} samples); \
+             retry when one has finished\n",
+            spanprof_core::DEFAULT_WINDOW_ENTRIES
+        ),
+    )
+        .into_response()
+}
 
 #[derive(Debug, Deserialize)]
 struct Params {
@@ -39,40 +113,59 @@ fn bad(msg: String) -> Response {
     (StatusCode::BAD_REQUEST, msg).into_response()
 }
 
-/// Drains the sample rings into the store without blocking the runtime.
-async fn flush(profiler: &Profiler) {
-    let p = profiler.clone();
-    let _ = tokio::task::spawn_blocking(move || p.flush()).await;
+/// Runs `f` on the blocking pool: flushing, reading the store and encoding cost CPU
+/// that belongs off the runtime's workers.
+async fn off_runtime(f: impl FnOnce() -> Response + Send + 'static) -> Response {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("profile failed: {e}"),
+        )
+            .into_response()
+    })
+}
+
+fn pprof(profile: &Profile) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "application/octet-stream"),
+            (
+                header::CONTENT_DISPOSITION,
+                "attachment; filename=\"profile.pb.gz\"",
+            ),
+        ],
+        spanprof_core::pprof::encode_gzip(profile),
+    )
+        .into_response()
+}
+
+/// A profile from the store (flushed first), or 404 naming `what`.
+async fn from_store(
+    profiler: Profiler,
+    what: String,
+    query: impl FnOnce(&spanprof_core::SpanProfileStore) -> Option<Profile> + Send + 'static,
+) -> Response {
+    off_runtime(move || {
+        profiler.flush();
+        match query(profiler.store()) {
+            Some(p) => pprof(&p),
+            None => (StatusCode::NOT_FOUND, format!("no samples of {what}")).into_response(),
+        }
+    })
+    .await
 }
 
 async fn profile(State(profiler): State<Profiler>, Query(p): Query<Params>) -> Response {
-    let profile: Profile = if let Some(span) = p.span_id {
+    if let Some(span) = p.span_id {
         let Ok(id) = u64::from_str_radix(&span, 16) else {
             return bad(format!("span_id `{span}` is not 16 hex digits"));
         };
-        flush(&profiler).await;
-        match profiler.store().span_tree(id) {
-            Some(p) => p,
-            None => {
-                return (StatusCode::NOT_FOUND, format!("no samples of span {span}"))
-                    .into_response();
-            }
-        }
+        from_store(profiler, format!("span {span}"), move |s| s.span_tree(id)).await
     } else if let Some(trace) = p.trace_id {
         let Ok(id) = u128::from_str_radix(&trace, 16) else {
             return bad(format!("trace_id `{trace}` is not 32 hex digits"));
         };
-        flush(&profiler).await;
-        match profiler.store().trace(id) {
-            Some(p) => p,
-            None => {
-                return (
-                    StatusCode::NOT_FOUND,
-                    format!("no samples of trace {trace}"),
-                )
-                    .into_response();
-            }
-        }
+        from_store(profiler, format!("trace {trace}"), move |s| s.trace(id)).await
     } else {
         let seconds = match p.seconds.as_deref().map(str::parse::<u64>) {
             None => 30,
@@ -83,20 +176,16 @@ async fn profile(State(profiler): State<Profiler>, Query(p): Query<Params>) -> R
                 ));
             }
         };
+        let Some(slot) = WindowSlot::take() else {
+            return refuse_window(seconds);
+        };
         let window = profiler.window(spanprof_core::DEFAULT_WINDOW_ENTRIES);
         tokio::time::sleep(Duration::from_secs(seconds)).await;
-        flush(&profiler).await;
-        window.take()
-    };
-    (
-        [
-            (header::CONTENT_TYPE, "application/octet-stream"),
-            (
-                header::CONTENT_DISPOSITION,
-                "attachment; filename=\"profile.pb.gz\"",
-            ),
-        ],
-        spanprof_core::pprof::encode_gzip(&profile),
-    )
-        .into_response()
+        off_runtime(move || {
+            let _slot = slot;
+            profiler.flush();
+            pprof(&window.take())
+        })
+        .await
+    }
 }

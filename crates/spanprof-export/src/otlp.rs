@@ -34,18 +34,32 @@ pub enum OtlpProtocol {
     Grpc,
 }
 
-/// Configuration of the OTLP profiles sink.
-#[derive(Debug, Clone)]
+impl std::fmt::Display for OtlpProtocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OtlpProtocol::HttpProtobuf => "http/protobuf",
+            OtlpProtocol::Grpc => "grpc",
+        })
+    }
+}
+
+/// Configuration of the OTLP profiles sink. `Debug` and `Display` never show
+/// secrets: the endpoint's credentials and query values (see [`crate::redact_url`]),
+/// header values and the CA bytes.
+#[derive(Clone)]
 pub struct OtlpProfilesConfig {
     /// For HTTP, the full URL profiles are posted to; for gRPC, the server address.
     pub endpoint: String,
     /// Transport.
     pub protocol: OtlpProtocol,
+    /// Headers (gRPC: metadata) sent with every export, such as `authorization` or
+    /// an API key (`OTEL_EXPORTER_OTLP_HEADERS`).
+    pub headers: Vec<(String, String)>,
     /// `service.name` resource attribute.
     pub service_name: String,
     /// How often a profile is exported. Defaults to [`DEFAULT_INTERVAL`].
     pub interval: Duration,
-    /// Delivery settings.
+    /// Delivery settings (`OTEL_EXPORTER_OTLP_TIMEOUT` sets `request_timeout`).
     pub delivery: DeliveryConfig,
     /// PEM certificates trusted for `https://` endpoints besides the public (webpki)
     /// roots: a private CA's (`OTEL_EXPORTER_OTLP_CERTIFICATE`). Read a file with
@@ -53,12 +67,143 @@ pub struct OtlpProfilesConfig {
     pub ca_certificates_pem: Option<Vec<u8>>,
 }
 
+impl std::fmt::Debug for OtlpProfilesConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let headers: Vec<String> = self
+            .headers
+            .iter()
+            .map(|(k, _)| format!("{k}: ***"))
+            .collect();
+        f.debug_struct("OtlpProfilesConfig")
+            .field("endpoint", &crate::redact_url(&self.endpoint))
+            .field("protocol", &self.protocol)
+            .field("headers", &headers)
+            .field("service_name", &self.service_name)
+            .field("interval", &self.interval)
+            .field("delivery", &self.delivery)
+            .field(
+                "ca_certificates_pem",
+                &crate::pem_summary(&self.ca_certificates_pem),
+            )
+            .finish()
+    }
+}
+
+/// `OTLP profiles (<protocol>) to <endpoint, redacted>`: a start-up line.
+impl std::fmt::Display for OtlpProfilesConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "OTLP profiles ({}) to {}",
+            self.protocol,
+            crate::redact_url(&self.endpoint)
+        )
+    }
+}
+
+/// The variable of `what` (`ENDPOINT`, `HEADERS`, …) that is set, the profiles one
+/// first: `(name, value)`.
+fn otel_var(var: &impl Fn(&str) -> Option<String>, what: &str) -> Option<(&'static str, String)> {
+    let names: [&'static str; 2] = match what {
+        "ENDPOINT" => [
+            "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+        ],
+        "PROTOCOL" => [
+            "OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ],
+        "TIMEOUT" => [
+            "OTEL_EXPORTER_OTLP_PROFILES_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+        ],
+        "CERTIFICATE" => [
+            "OTEL_EXPORTER_OTLP_PROFILES_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+        ],
+        _ => unreachable!("unknown OTLP setting {what}"),
+    };
+    names
+        .into_iter()
+        .find_map(|n| var(n).filter(|v| !v.trim().is_empty()).map(|v| (n, v)))
+}
+
+/// Parses an `OTEL_EXPORTER_OTLP_*HEADERS` value: `key=value` pairs separated by
+/// commas, keys and values percent-encoded (the W3C Baggage form the OpenTelemetry
+/// specification uses). Errors name `name` and never echo a value.
+pub fn parse_otlp_headers(name: &str, value: &str) -> Result<Vec<(String, String)>, ExportError> {
+    let mut out = Vec::new();
+    for (i, entry) in value.split(',').enumerate() {
+        if entry.trim().is_empty() {
+            continue;
+        }
+        let Some((k, v)) = entry.split_once('=') else {
+            return Err(ExportError::config(
+                name,
+                format!("entry {} is not `key=value`", i + 1),
+            ));
+        };
+        let key = percent_decode(k.trim())
+            .ok_or_else(|| ExportError::config(name, format!("entry {} has a bad key", i + 1)))?;
+        let value = percent_decode(v.trim()).ok_or_else(|| {
+            ExportError::config(
+                name,
+                format!("the value of `{key}` is not valid percent-encoded UTF-8"),
+            )
+        })?;
+        check_header(name, &key, &value)?;
+        out.push((key, value));
+    }
+    Ok(out)
+}
+
+/// Checks that `key: value` can be sent as an HTTP header and as gRPC metadata.
+fn check_header(field: &str, key: &str, value: &str) -> Result<(), ExportError> {
+    if http::HeaderName::from_bytes(key.as_bytes()).is_err()
+        || tonic::metadata::MetadataKey::<tonic::metadata::Ascii>::from_bytes(
+            key.to_ascii_lowercase().as_bytes(),
+        )
+        .is_err()
+    {
+        return Err(ExportError::config(
+            field,
+            format!("`{key}` is not a valid header name"),
+        ));
+    }
+    if http::HeaderValue::from_str(value).is_err() {
+        return Err(ExportError::config(
+            field,
+            format!("the value of `{key}` is not a valid header value"),
+        ));
+    }
+    Ok(())
+}
+
+/// `%XX` escapes decoded; `None` when one is malformed or the result not UTF-8.
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 impl OtlpProfilesConfig {
-    /// A configuration posting to `endpoint` over HTTP.
+    /// A configuration posting to `endpoint` over `protocol`, with the defaults.
     pub fn new(endpoint: impl Into<String>, protocol: OtlpProtocol) -> Self {
         OtlpProfilesConfig {
             endpoint: endpoint.into(),
             protocol,
+            headers: Vec::new(),
             service_name: crate::default_service_name(),
             interval: DEFAULT_INTERVAL,
             delivery: DeliveryConfig::default(),
@@ -66,60 +211,89 @@ impl OtlpProfilesConfig {
         }
     }
 
-    /// From the standard variables: `OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT` (used as is)
-    /// or `OTEL_EXPORTER_OTLP_ENDPOINT` (HTTP: `/v1development/profiles` appended),
-    /// `OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL` / `OTEL_EXPORTER_OTLP_PROTOCOL`
-    /// (`http/protobuf` or `grpc`), `OTEL_SERVICE_NAME`, and
-    /// `OTEL_EXPORTER_OTLP_PROFILES_CERTIFICATE` / `OTEL_EXPORTER_OTLP_CERTIFICATE` (a
-    /// PEM file of CA certificates to trust for `https://`). `Ok(None)` when no
-    /// endpoint is set.
+    /// From the OpenTelemetry exporter variables, as for traces, each
+    /// `OTEL_EXPORTER_OTLP_PROFILES_*` variable taking precedence over its
+    /// `OTEL_EXPORTER_OTLP_*` counterpart:
+    ///
+    /// - `…_ENDPOINT`: the profiles one is used as is; the general one is a base to
+    ///   which HTTP appends `/v1development/profiles`. `Ok(None)` when neither is set.
+    /// - `…_PROTOCOL`: `http/protobuf` (the default) or `grpc`; anything else is an
+    ///   error naming the variable.
+    /// - `…_HEADERS`: `key=value,key2=value2` (percent-encoded), sent with every
+    ///   export (gRPC: as metadata); both variables apply, the profiles one winning
+    ///   for a key set in both.
+    /// - `…_TIMEOUT`: milliseconds per export (default 10 000).
+    /// - `…_CERTIFICATE`: a PEM file of CA certificates to trust for `https://`.
+    ///
+    /// And `OTEL_SERVICE_NAME`.
     pub fn from_env() -> Result<Option<Self>, ExportError> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
 
     /// As [`OtlpProfilesConfig::from_env`], reading variables through `var`.
     pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, ExportError> {
-        let nonempty = |k: &str| var(k).filter(|v| !v.is_empty());
-        let protocol = match nonempty("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL")
-            .map(|p| ("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL", p))
-            .or_else(|| {
-                nonempty("OTEL_EXPORTER_OTLP_PROTOCOL").map(|p| ("OTEL_EXPORTER_OTLP_PROTOCOL", p))
-            }) {
+        let protocol = match otel_var(&var, "PROTOCOL") {
             None => OtlpProtocol::HttpProtobuf,
-            Some((_, p)) if p == "http/protobuf" => OtlpProtocol::HttpProtobuf,
-            Some((_, p)) if p == "grpc" => OtlpProtocol::Grpc,
-            Some((var, other)) => {
+            Some((_, p)) if p.trim() == "http/protobuf" => OtlpProtocol::HttpProtobuf,
+            Some((_, p)) if p.trim() == "grpc" => OtlpProtocol::Grpc,
+            Some((name, other)) => {
                 return Err(ExportError::config(
-                    var,
+                    name,
                     format!("`{other}` is not supported (use http/protobuf or grpc)"),
                 ));
             }
         };
-        let endpoint = if let Some(e) = nonempty("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT") {
-            e
-        } else if let Some(base) = nonempty("OTEL_EXPORTER_OTLP_ENDPOINT") {
-            match protocol {
-                OtlpProtocol::HttpProtobuf => format!("{}{HTTP_PATH}", base.trim_end_matches('/')),
-                OtlpProtocol::Grpc => base,
+        let (endpoint_var, endpoint) = match otel_var(&var, "ENDPOINT") {
+            None => return Ok(None),
+            Some((name @ "OTEL_EXPORTER_OTLP_ENDPOINT", base))
+                if protocol == OtlpProtocol::HttpProtobuf =>
+            {
+                (name, crate::join_path(base.trim(), HTTP_PATH))
             }
-        } else {
-            return Ok(None);
+            Some((name, e)) => (name, e.trim().to_owned()),
         };
+        crate::validate_url(endpoint_var, &endpoint)?;
         let mut cfg = OtlpProfilesConfig::new(endpoint, protocol);
-        if let Some(name) = nonempty("OTEL_SERVICE_NAME") {
+        if let Some(name) = var("OTEL_SERVICE_NAME").filter(|s| !s.is_empty()) {
             cfg.service_name = name;
         }
-        crate::validate_url("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT", &cfg.endpoint)?;
-        for var in [
-            "OTEL_EXPORTER_OTLP_PROFILES_CERTIFICATE",
-            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+        for name in [
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "OTEL_EXPORTER_OTLP_PROFILES_HEADERS",
         ] {
-            if let Some(path) = nonempty(var) {
-                cfg.ca_certificates_pem = Some(crate::read_ca_certificates(var, path.as_ref())?);
-                break;
+            if let Some(value) = var(name) {
+                for (k, v) in parse_otlp_headers(name, &value)? {
+                    cfg.headers.retain(|(old, _)| !old.eq_ignore_ascii_case(&k));
+                    cfg.headers.push((k, v));
+                }
             }
         }
+        if let Some((name, ms)) = otel_var(&var, "TIMEOUT") {
+            match ms.trim().parse::<u64>() {
+                Ok(ms) if ms > 0 => cfg.delivery.request_timeout = Duration::from_millis(ms),
+                _ => {
+                    return Err(ExportError::config(
+                        name,
+                        format!("`{ms}` is not a positive whole number of milliseconds"),
+                    ));
+                }
+            }
+        }
+        if let Some((name, path)) = otel_var(&var, "CERTIFICATE") {
+            cfg.ca_certificates_pem = Some(crate::read_ca_certificates(name, path.as_ref())?);
+        }
         Ok(Some(cfg))
+    }
+
+    fn validate(&self) -> Result<(), ExportError> {
+        crate::validate_url("endpoint", &self.endpoint)?;
+        for (k, v) in &self.headers {
+            check_header("headers", k, v)?;
+        }
+        if self.interval < Duration::from_millis(100) {
+            return Err(ExportError::config("interval", "must be at least 100ms"));
+        }
+        self.delivery.validate()
     }
 }
 
@@ -298,6 +472,7 @@ pub fn export_request(profile: &Profile, service_name: &str) -> ExportProfilesSe
 struct HttpTransport {
     client: reqwest::Client,
     url: String,
+    headers: http::HeaderMap,
 }
 
 impl Transport for HttpTransport {
@@ -306,6 +481,7 @@ impl Transport for HttpTransport {
             let req = self
                 .client
                 .post(&self.url)
+                .headers(self.headers.clone())
                 .header(http::header::CONTENT_TYPE, "application/x-protobuf")
                 .body(payload.to_vec());
             crate::classify(req.send().await).await
@@ -318,6 +494,7 @@ struct GrpcTransport {
     /// One channel for the exporter's life, made on the first send (inside the
     /// delivery runtime); it reconnects by itself after failures.
     channel: std::sync::OnceLock<tonic::transport::Channel>,
+    metadata: tonic::metadata::MetadataMap,
 }
 
 impl Transport for GrpcTransport {
@@ -333,6 +510,8 @@ impl Transport for GrpcTransport {
                 .get_or_init(|| self.endpoint.connect_lazy())
                 .clone();
             let mut client = ProfilesServiceClient::new(channel);
+            let mut request = tonic::Request::new(request);
+            *request.metadata_mut() = self.metadata.clone();
             match client.export(request).await {
                 Ok(_) => Ok(()),
                 Err(status) => {
@@ -358,6 +537,33 @@ impl Transport for GrpcTransport {
     }
 }
 
+/// The headers as HTTP headers (checked by `validate`).
+fn http_headers(headers: &[(String, String)]) -> http::HeaderMap {
+    headers
+        .iter()
+        .filter_map(|(k, v)| {
+            Some((
+                http::HeaderName::from_bytes(k.as_bytes()).ok()?,
+                http::HeaderValue::from_str(v).ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// The headers as gRPC metadata (checked by `validate`).
+fn grpc_metadata(headers: &[(String, String)]) -> tonic::metadata::MetadataMap {
+    let mut map = tonic::metadata::MetadataMap::new();
+    for (k, v) in headers {
+        if let (Ok(k), Ok(v)) = (
+            tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes()),
+            v.parse::<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>(),
+        ) {
+            map.insert(k, v);
+        }
+    }
+    map
+}
+
 /// Exports a labelled CPU profile as OTLP profiles every interval. Experimental.
 #[derive(Debug)]
 pub struct OtlpProfilesExporter {
@@ -367,7 +573,7 @@ pub struct OtlpProfilesExporter {
 impl OtlpProfilesExporter {
     /// Starts exporting the profiles of `source`.
     pub fn start(cfg: OtlpProfilesConfig, source: ProfileSource) -> Result<Self, ExportError> {
-        crate::validate_url("endpoint", &cfg.endpoint)?;
+        cfg.validate()?;
         let delivery = match cfg.protocol {
             OtlpProtocol::HttpProtobuf => Delivery::start(
                 "otlp-profiles",
@@ -378,6 +584,7 @@ impl OtlpProfilesExporter {
                         cfg.ca_certificates_pem.as_deref(),
                     )?,
                     url: cfg.endpoint.clone(),
+                    headers: http_headers(&cfg.headers),
                 },
             ),
             OtlpProtocol::Grpc => {
@@ -406,6 +613,7 @@ impl OtlpProfilesExporter {
                     GrpcTransport {
                         endpoint,
                         channel: std::sync::OnceLock::new(),
+                        metadata: grpc_metadata(&cfg.headers),
                     },
                 )
             }
@@ -422,9 +630,15 @@ impl OtlpProfilesExporter {
         self.exporter.stats()
     }
 
-    /// Exports what was collected since the last export, flushes within `deadline`,
-    /// stops.
+    /// Exports what was collected since the last export, then flushes the queue
+    /// until it is empty or `deadline` has passed (an export still under way then is
+    /// cut; what is left is counted in `dropped_shutdown`), and stops. Returns within
+    /// `deadline`. To stop several sinks with one deadline, use [`crate::Sinks`].
     pub fn shutdown(self, deadline: Duration) -> DeliveryStats {
         self.exporter.shutdown(deadline)
+    }
+
+    pub(crate) fn into_exporter(self) -> Exporter {
+        self.exporter
     }
 }

@@ -3,7 +3,9 @@
 //! in `raw_profile`, series labels `__name__=process_cpu` and `service_name` (the
 //! OpenTelemetry `service.name`) plus user tags, so Grafana Tempo's
 //! `tracesToProfiles` with profile type `process_cpu:cpu:nanoseconds:cpu:nanoseconds`
-//! finds the profiles with no relabelling.
+//! finds the profiles with no relabelling. Besides `span_id` and `trace_id`, which
+//! Pyroscope keeps per sample, a push carries only bounded sample labels
+//! ([`PUSH_SAMPLE_LABELS`]): Pyroscope makes series of all the others.
 //!
 //! Why not the `pyroscope` crate (2.x): its session pushes the same request but a
 //! failed push is logged and lost (no retry, no backoff, no bounded queue or drop
@@ -11,9 +13,16 @@
 //! stack pulls aws-lc where the rest of the workspace uses rustls with ring. Its
 //! `Backend` trait can hand over raw pprof, but the delivery is what we needed.
 
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::Arc;
 use std::time::Duration;
 
 use prost::Message;
+use spanprof_core::pprof::{
+    LABEL_HOT, LABEL_ROUTE, LABEL_SPAN_ID, LABEL_SPAN_NAME, LABEL_TRACE_ID,
+};
+use spanprof_core::{Profile, ProfileSample, SampleLabels};
 
 use crate::delivery::{Delivery, DeliveryConfig, DeliveryStats, SendFuture, Transport};
 use crate::{ExportError, Exporter, ProfileSource};
@@ -44,6 +53,20 @@ pub const PROFILE_NAME: &str = "process_cpu";
 /// Default push interval.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
 
+/// The pprof sample labels a push carries. Pyroscope keeps `span_id` and `trace_id`
+/// as sample labels and turns every other sample label into a *series* label (its
+/// distributor's `pprofsplit`), and a tenant may have 5 000 series by default: so
+/// only labels with a bounded set of values go besides the two ids (`span_name` and
+/// `route` are templates; `hot` has three values). Per-request labels such as
+/// `root_span_id` stay in the pprof files and the `/debug` endpoint only.
+pub const PUSH_SAMPLE_LABELS: [&str; 5] = [
+    LABEL_SPAN_ID,
+    LABEL_TRACE_ID,
+    LABEL_SPAN_NAME,
+    LABEL_ROUTE,
+    LABEL_HOT,
+];
+
 /// Credentials for the push.
 #[derive(Clone, PartialEq, Eq)]
 pub enum PyroscopeAuth {
@@ -71,8 +94,10 @@ impl std::fmt::Debug for PyroscopeAuth {
     }
 }
 
-/// Configuration of the Pyroscope sink.
-#[derive(Debug, Clone)]
+/// Configuration of the Pyroscope sink. `Debug` and `Display` never show secrets:
+/// the server's credentials and query values (see [`crate::redact_url`]), the auth
+/// and the CA bytes.
+#[derive(Clone)]
 pub struct PyroscopeConfig {
     /// Server address, for example `http://pyroscope:4040` or `https://…`.
     pub server: String,
@@ -93,6 +118,36 @@ pub struct PyroscopeConfig {
     /// roots: a private CA's. Read a file with [`crate::read_ca_certificates`], or
     /// set `PYROSCOPE_CA_CERT_FILE` for [`PyroscopeConfig::from_env`].
     pub ca_certificates_pem: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for PyroscopeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PyroscopeConfig")
+            .field("server", &crate::redact_url(&self.server))
+            .field("service_name", &self.service_name)
+            .field("tags", &self.tags)
+            .field("auth", &self.auth)
+            .field("tenant_id", &self.tenant_id)
+            .field("interval", &self.interval)
+            .field("delivery", &self.delivery)
+            .field(
+                "ca_certificates_pem",
+                &crate::pem_summary(&self.ca_certificates_pem),
+            )
+            .finish()
+    }
+}
+
+/// `Pyroscope push to <server, redacted> as <service_name>`: a start-up line.
+impl std::fmt::Display for PyroscopeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Pyroscope push to {} as service_name={}",
+            crate::redact_url(&self.server),
+            self.service_name
+        )
+    }
 }
 
 impl PyroscopeConfig {
@@ -166,7 +221,7 @@ impl PyroscopeConfig {
         if self.interval < Duration::from_millis(100) {
             return Err(ExportError::config("interval", "must be at least 100ms"));
         }
-        Ok(())
+        self.delivery.validate()
     }
 
     /// The series labels of every push.
@@ -193,7 +248,81 @@ impl PyroscopeConfig {
     }
 }
 
-/// Encodes one push of a gzip'd pprof profile.
+/// The gzip'd pprof of one push: `profile` with only the [`PUSH_SAMPLE_LABELS`].
+pub fn push_pprof(profile: &Profile) -> Vec<u8> {
+    // Leave the per-request ids out of the labels (and so out of the string table)…
+    let mut bounded: HashMap<*const SampleLabels, Arc<SampleLabels>> = HashMap::new();
+    let samples = profile
+        .samples
+        .iter()
+        .map(|s| ProfileSample {
+            labels: s.labels.as_ref().map(|l| {
+                bounded
+                    .entry(Arc::as_ptr(l))
+                    .or_insert_with(|| {
+                        Arc::new(SampleLabels {
+                            parent_span_id: 0,
+                            root_span_id: 0,
+                            ..(**l).clone()
+                        })
+                    })
+                    .clone()
+            }),
+            ..s.clone()
+        })
+        .collect();
+    let mut pprof = spanprof_core::pprof::to_proto(&Profile {
+        samples,
+        ..*profile
+    });
+    // …and keep only the listed keys, whatever else the encoder may add one day.
+    let keep: Vec<i64> = pprof
+        .string_table
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| PUSH_SAMPLE_LABELS.contains(&s.as_str()))
+        .map(|(i, _)| i as i64)
+        .collect();
+    for sample in &mut pprof.sample {
+        sample.label.retain(|l| keep.contains(&l.key));
+    }
+    let raw = pprof.encode_to_vec();
+    let mut gz = flate2::write::GzEncoder::new(
+        Vec::with_capacity(raw.len() / 4 + 64),
+        flate2::Compression::default(),
+    );
+    gz.write_all(&raw).expect("writing to a Vec cannot fail");
+    gz.finish().expect("writing to a Vec cannot fail")
+}
+
+/// A new random profile id in the form Pyroscope's ingester parses: a version 4
+/// UUID (`8-4-4-4-12` lowercase hex digits).
+pub fn new_profile_id() -> String {
+    use std::hash::{BuildHasher, RandomState};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    // `RandomState` is keyed from the OS's random source (once per thread, then
+    // stepped for each new one): two keyed hashes give 128 unpredictable bits.
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    let state = RandomState::new();
+    let hi = state.hash_one((n, std::process::id(), std::time::SystemTime::now()));
+    let lo = state.hash_one((hi, n));
+    let mut b = ((u128::from(hi) << 64) | u128::from(lo)).to_be_bytes();
+    b[6] = (b[6] & 0x0f) | 0x40; // version 4
+    b[8] = (b[8] & 0x3f) | 0x80; // RFC 4122 variant
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+/// Encodes one push of a gzip'd pprof profile (see [`push_pprof`]) with profile id
+/// `id` (see [`new_profile_id`]).
 pub fn push_request(cfg: &PyroscopeConfig, pprof_gz: Vec<u8>, id: String) -> Vec<u8> {
     proto::push::v1::PushRequest {
         series: vec![proto::push::v1::RawProfileSeries {
@@ -248,28 +377,19 @@ impl PyroscopeExporter {
         cfg.validate()?;
         let transport = PushTransport {
             client: crate::http_client("ca_certificates_pem", cfg.ca_certificates_pem.as_deref())?,
-            url: format!("{}{PUSH_PATH}", cfg.server.trim_end_matches('/')),
+            url: crate::join_path(&cfg.server, PUSH_PATH),
             auth: cfg.auth.clone(),
             tenant_id: cfg.tenant_id.clone(),
         };
         let delivery = Delivery::start("pyroscope", cfg.delivery.clone(), transport);
-        let mut seq = 0u64;
         let exporter = Exporter::start(
             "pyroscope-interval",
             cfg.interval,
             source,
             delivery,
             move |profile| {
-                if profile.samples.is_empty() {
-                    return None;
-                }
-                seq += 1;
-                let id = format!("{:016x}-{seq}", std::process::id());
-                Some(push_request(
-                    &cfg,
-                    spanprof_core::pprof::encode_gzip(profile),
-                    id,
-                ))
+                (!profile.samples.is_empty())
+                    .then(|| push_request(&cfg, push_pprof(profile), new_profile_id()))
             },
         );
         Ok(PyroscopeExporter { exporter })
@@ -280,9 +400,15 @@ impl PyroscopeExporter {
         self.exporter.stats()
     }
 
-    /// Pushes what was collected since the last push, then flushes the queue within
-    /// `deadline` and stops.
+    /// Pushes what was collected since the last push, then flushes the queue until it
+    /// is empty or `deadline` has passed (a push still under way then is cut; what
+    /// is left is counted in `dropped_shutdown`), and stops. Returns within
+    /// `deadline`. To stop several sinks with one deadline, use [`crate::Sinks`].
     pub fn shutdown(self, deadline: Duration) -> DeliveryStats {
         self.exporter.shutdown(deadline)
+    }
+
+    pub(crate) fn into_exporter(self) -> Exporter {
+        self.exporter
     }
 }

@@ -11,8 +11,9 @@ mod tracing_layer;
 pub mod hyper;
 
 pub use layer::{
-    DefaultRoute, GrpcRoute, MakeRoute, ProfileCorrelation, ProfileCorrelationLayer,
-    ProfileCorrelationLayerBuilder, ProfiledBody, ResponseFuture, UNMATCHED_ROUTE,
+    DEFAULT_MAX_ROUTES, DefaultRoute, GrpcRoute, MakeRoute, ProfileCorrelation,
+    ProfileCorrelationLayer, ProfileCorrelationLayerBuilder, ProfiledBody, ResponseFuture,
+    UNKNOWN_ROUTE, UNMATCHED_ROUTE, extract_trace_context,
 };
 pub use policy::{
     ConfigError, DEFAULT_SAMPLE_RATE, DEFAULT_SLOW_AFTER, PolicyConfig, ProfileScope, RoutePolicy,

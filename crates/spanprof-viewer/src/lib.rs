@@ -5,5 +5,5 @@ mod flame;
 mod router;
 mod spans;
 
-pub use router::{VIEWER_PATH, Viewer, serve};
+pub use router::{MAX_CONCURRENT_RENDERS, VIEWER_PATH, Viewer, ViewerThread, serve};
 pub use spans::{DEFAULT_MAX_TRACES, RecentSpans, SpanRecord, SpanRecorder, TraceSummary};

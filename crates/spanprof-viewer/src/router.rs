@@ -1,7 +1,14 @@
 //! The viewer's routes under `/debug/spanprof/`: the page, its JSON API, the
 //! flamegraphs, and the pprof downloads.
+//!
+//! Answers that cost CPU (a span's profile, its top functions, flamegraphs, diffs)
+//! are computed on tokio's blocking pool, never on the runtime's workers that serve
+//! the requests (a service that mounts the router in its own app keeps its workers
+//! for its requests), and one at a time ([`MAX_CONCURRENT_RENDERS`]): more viewer
+//! clients wait their turn instead of taking more of the service's cores.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -11,6 +18,7 @@ use axum::response::{Html, IntoResponse, Json, Response};
 use axum::routing::get;
 use serde::{Deserialize, Serialize};
 use spanprof_core::Profiler;
+use tokio::sync::Semaphore;
 
 use crate::flame;
 use crate::spans::RecentSpans;
@@ -18,21 +26,32 @@ use crate::spans::RecentSpans;
 /// Where the viewer is mounted.
 pub const VIEWER_PATH: &str = "/debug/spanprof/";
 
+/// Viewer answers computed at once (span profiles, top functions, flamegraphs,
+/// diffs); further requests wait for their turn.
+pub const MAX_CONCURRENT_RENDERS: usize = 1;
+
 /// The viewer: a profiler (its store answers the profiles) and recent spans.
 #[derive(Clone, Debug)]
 pub struct Viewer {
     profiler: Profiler,
     spans: RecentSpans,
+    renders: Arc<Semaphore>,
 }
 
 impl Viewer {
     /// A viewer over `profiler`'s store and `spans`.
     pub fn new(profiler: Profiler, spans: RecentSpans) -> Self {
-        Viewer { profiler, spans }
+        Viewer {
+            profiler,
+            spans,
+            renders: Arc::new(Semaphore::new(MAX_CONCURRENT_RENDERS)),
+        }
     }
 
     /// The router: mount it at the root of an axum app (its routes start with
-    /// `/debug/spanprof/`), on a listener bound to loopback.
+    /// `/debug/spanprof/`), on a listener bound to loopback — not on a service's
+    /// public listener: profiles show code, routes and timings. [`serve`] and
+    /// [`ViewerThread`] give it a loopback listener of its own.
     ///
     /// | route | what |
     /// |---|---|
@@ -56,14 +75,7 @@ impl Viewer {
     }
 }
 
-/// Serves the viewer on `addr` (use a loopback address: a non-loopback one is
-/// refused unless `allow_remote`, since profiles show code and routes). Returns the
-/// bound address; the server runs on the current tokio runtime.
-pub async fn serve(
-    viewer: Viewer,
-    addr: SocketAddr,
-    allow_remote: bool,
-) -> std::io::Result<SocketAddr> {
+fn check_loopback(addr: SocketAddr, allow_remote: bool) -> std::io::Result<()> {
     if !addr.ip().is_loopback() && !allow_remote {
         return Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
@@ -72,6 +84,20 @@ pub async fn serve(
             ),
         ));
     }
+    Ok(())
+}
+
+/// Serves the viewer on `addr` (use a loopback address: a non-loopback one is
+/// refused unless `allow_remote`, since profiles show code and routes). Returns the
+/// bound address; the server runs on the current tokio runtime (its CPU-heavy
+/// answers on that runtime's blocking pool). [`ViewerThread`] runs it on a thread
+/// and runtime of its own instead.
+pub async fn serve(
+    viewer: Viewer,
+    addr: SocketAddr,
+    allow_remote: bool,
+) -> std::io::Result<SocketAddr> {
+    check_loopback(addr, allow_remote)?;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     let app = viewer.router();
@@ -81,6 +107,90 @@ pub async fn serve(
         }
     });
     Ok(bound)
+}
+
+/// The viewer served from a thread of its own, with its own single-threaded tokio
+/// runtime (and that runtime's blocking pool for the heavy answers): however busy
+/// the service's runtime is, the viewer answers, and the viewer's work never runs on
+/// the service's workers. Dropping it stops the server without waiting;
+/// [`ViewerThread::stop`] waits for requests in flight.
+///
+/// ```no_run
+/// # fn run(profiler: spanprof_core::Profiler) -> std::io::Result<()> {
+/// use spanprof_viewer::{RecentSpans, Viewer, ViewerThread};
+/// let spans = RecentSpans::new(spanprof_viewer::DEFAULT_MAX_TRACES);
+/// let viewer = ViewerThread::start(Viewer::new(profiler, spans), "127.0.0.1:6060".parse().unwrap(), false)?;
+/// println!("http://{}/debug/spanprof/", viewer.local_addr());
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct ViewerThread {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ViewerThread {
+    /// Binds `addr` (loopback only unless `allow_remote`, as [`serve`]) and starts
+    /// serving on a new thread named `spanprof-viewer`. Needs no tokio runtime.
+    pub fn start(viewer: Viewer, addr: SocketAddr, allow_remote: bool) -> std::io::Result<Self> {
+        check_loopback(addr, allow_remote)?;
+        let listener = std::net::TcpListener::bind(addr)?;
+        listener.set_nonblocking(true)?;
+        let bound = listener.local_addr()?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .thread_name("spanprof-viewer-blocking")
+            .build()?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("spanprof-viewer".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    let served = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(listener) => {
+                            axum::serve(listener, viewer.router())
+                                .with_graceful_shutdown(async {
+                                    let _ = stopped.await;
+                                })
+                                .await
+                        }
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = served {
+                        tracing::warn!(error = %e, "spanprof viewer stopped");
+                    }
+                });
+            })?;
+        Ok(ViewerThread {
+            addr: bound,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting, waits for the requests in flight, and joins the thread.
+    pub fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for ViewerThread {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
 }
 
 async fn index() -> Html<&'static str> {
@@ -95,20 +205,63 @@ struct TracesQuery {
 
 async fn traces(State(v): State<Viewer>, Query(q): Query<TracesQuery>) -> Response {
     let route = q.route.filter(|r| !r.is_empty());
-    Json(
-        v.spans
-            .traces(route.as_deref(), q.limit.unwrap_or(100).min(1000)),
-    )
-    .into_response()
+    let limit = q.limit.unwrap_or(100).min(1000);
+    let spans = v.spans.clone();
+    off_runtime(move || Json(spans.traces(route.as_deref(), limit)).into_response()).await
 }
 
 async fn trace(State(v): State<Viewer>, Path(trace_id): Path<String>) -> Response {
-    match v.spans.trace(&trace_id) {
+    let spans = v.spans.clone();
+    off_runtime(move || match spans.trace(&trace_id) {
         Some(spans) => {
             Json(serde_json::json!({ "trace_id": trace_id, "spans": spans })).into_response()
         }
         None => (StatusCode::NOT_FOUND, format!("no trace {trace_id}")).into_response(),
-    }
+    })
+    .await
+}
+
+/// Runs `f` on the blocking pool (not on the runtime's workers).
+async fn off_runtime(f: impl FnOnce() -> Response + Send + 'static) -> Response {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the viewer failed: {e}"),
+        )
+            .into_response()
+    })
+}
+
+/// Flushes the profiler, then runs `render` with the profile of `span_id` and
+/// everything under it on the blocking pool, one render at a time. 400 for a bad
+/// id, 404 without samples.
+async fn render_span(
+    v: &Viewer,
+    span_id: &str,
+    render: impl FnOnce(&Viewer, u64, spanprof_core::Profile) -> Response + Send + 'static,
+) -> Response {
+    let id = match parse_span(span_id) {
+        Ok(id) => id,
+        Err(r) => return *r,
+    };
+    let Ok(turn) = v.renders.clone().acquire_owned().await else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "the viewer is stopping").into_response();
+    };
+    let (v, span_id) = (v.clone(), span_id.to_owned());
+    off_runtime(move || {
+        // Held until the work ends, even if the client went away.
+        let _turn = turn;
+        v.profiler.flush();
+        match v.profiler.store().span_tree(id) {
+            Some(p) => render(&v, id, p),
+            None => (
+                StatusCode::NOT_FOUND,
+                format!("no samples of span {span_id}"),
+            )
+                .into_response(),
+        }
+    })
+    .await
 }
 
 fn parse_span(span_id: &str) -> Result<u64, Box<Response>> {
@@ -121,31 +274,6 @@ fn parse_span(span_id: &str) -> Result<u64, Box<Response>> {
                 .into_response(),
         )
     })
-}
-
-/// Parses a span id, flushes the profiler and returns the span's tree profile, or the
-/// error response (400 for a bad id, 404 without samples).
-async fn span_tree(
-    v: &Viewer,
-    span_id: &str,
-) -> Result<(u64, spanprof_core::Profile), Box<Response>> {
-    let id = parse_span(span_id)?;
-    flush(v).await;
-    match v.profiler.store().span_tree(id) {
-        Some(p) => Ok((id, p)),
-        None => Err(Box::new(
-            (
-                StatusCode::NOT_FOUND,
-                format!("no samples of span {span_id}"),
-            )
-                .into_response(),
-        )),
-    }
-}
-
-async fn flush(v: &Viewer) {
-    let p = v.profiler.clone();
-    let _ = tokio::task::spawn_blocking(move || p.flush()).await;
 }
 
 #[derive(Deserialize)]
@@ -170,34 +298,34 @@ async fn top(
     Path(span_id): Path<String>,
     Query(q): Query<TopQuery>,
 ) -> Response {
-    let (_, p) = match span_tree(&v, &span_id).await {
-        Ok(found) => found,
-        Err(r) => return *r,
-    };
-    let total = p.cpu_ns().max(1);
-    let n = q.n.unwrap_or(20).min(200);
-    let functions = if q.by.as_deref() == Some("total") {
-        p.top_functions_by_total(n)
-    } else {
-        p.top_functions(n)
-    };
-    let rows: Vec<TopRow> = functions
-        .into_iter()
-        .map(|f| TopRow {
-            function: f.function.to_string(),
-            self_ns: f.self_ns,
-            total_ns: f.total_ns,
-            samples: f.samples,
-            self_pct: 100.0 * f.self_ns as f64 / total as f64,
-        })
-        .collect();
-    Json(serde_json::json!({
-        "span_id": span_id,
-        "samples": p.sample_count(),
-        "cpu_ns": p.cpu_ns(),
-        "functions": rows,
-    }))
-    .into_response()
+    let span = span_id.clone();
+    render_span(&v, &span_id, move |_, _, p| {
+        let total = p.cpu_ns().max(1);
+        let n = q.n.unwrap_or(20).min(200);
+        let functions = if q.by.as_deref() == Some("total") {
+            p.top_functions_by_total(n)
+        } else {
+            p.top_functions(n)
+        };
+        let rows: Vec<TopRow> = functions
+            .into_iter()
+            .map(|f| TopRow {
+                function: f.function.to_string(),
+                self_ns: f.self_ns,
+                total_ns: f.total_ns,
+                samples: f.samples,
+                self_pct: 100.0 * f.self_ns as f64 / total as f64,
+            })
+            .collect();
+        Json(serde_json::json!({
+            "span_id": span,
+            "samples": p.sample_count(),
+            "cpu_ns": p.cpu_ns(),
+            "functions": rows,
+        }))
+        .into_response()
+    })
+    .await
 }
 
 fn svg_response(r: Result<Vec<u8>, String>) -> Response {
@@ -208,18 +336,17 @@ fn svg_response(r: Result<Vec<u8>, String>) -> Response {
 }
 
 async fn flamegraph(State(v): State<Viewer>, Path(span_id): Path<String>) -> Response {
-    let (id, p) = match span_tree(&v, &span_id).await {
-        Ok(found) => found,
-        Err(r) => return *r,
-    };
-    let name = v
-        .spans
-        .span(&format!("{id:016x}"))
-        .map_or_else(|| format!("span {id:016x}"), |s| s.name);
-    svg_response(flame::svg(
-        &p,
-        &format!("{name} ({:016x}) and everything under it", id),
-    ))
+    render_span(&v, &span_id, |v, id, p| {
+        let name = v
+            .spans
+            .span(&format!("{id:016x}"))
+            .map_or_else(|| format!("span {id:016x}"), |s| s.name);
+        svg_response(flame::svg(
+            &p,
+            &format!("{name} ({id:016x}) and everything under it"),
+        ))
+    })
+    .await
 }
 
 #[derive(Deserialize)]
@@ -232,25 +359,26 @@ async fn diff(
     Path(span_id): Path<String>,
     Query(q): Query<DiffQuery>,
 ) -> Response {
-    let (id, p) = match span_tree(&v, &span_id).await {
-        Ok(found) => found,
-        Err(r) => return *r,
-    };
-    let store = v.profiler.store();
-    let Some(route) = p
-        .samples
-        .iter()
-        .find_map(|s| s.labels.as_ref().map(|l| l.route.clone()))
-    else {
-        return (StatusCode::NOT_FOUND, "the span has no route".to_owned()).into_response();
-    };
-    let minutes = q.minutes.unwrap_or(5).clamp(1, 60);
-    let baseline = store.route(&route, Duration::from_secs(minutes * 60));
-    svg_response(flame::diff_svg(
-        &baseline,
-        &p,
-        &format!(
-            "span {id:016x} against {route} over the last {minutes} min (red: more than usual)"
-        ),
-    ))
+    render_span(&v, &span_id, move |v, id, p| {
+        let Some(route) = p
+            .samples
+            .iter()
+            .find_map(|s| s.labels.as_ref().map(|l| l.route.clone()))
+        else {
+            return (StatusCode::NOT_FOUND, "the span has no route".to_owned()).into_response();
+        };
+        let minutes = q.minutes.unwrap_or(5).clamp(1, 60);
+        let baseline = v
+            .profiler
+            .store()
+            .route(&route, Duration::from_secs(minutes * 60));
+        svg_response(flame::diff_svg(
+            &baseline,
+            &p,
+            &format!(
+                "span {id:016x} against {route} over the last {minutes} min (red: more than usual)"
+            ),
+        ))
+    })
+    .await
 }

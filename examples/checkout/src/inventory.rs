@@ -1,18 +1,25 @@
 //! The inventory service: a tonic gRPC server the checkout API calls over loopback,
-//! so one trace spans two services (and the Tonic adapter runs).
+//! so one trace spans two services (and the Tonic adapter runs). Its spans and
+//! labels are named by the service's own method paths; any other path is
+//! `(unmatched)`.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use spanprof::tower::GrpcRoute;
+use spanprof::tower::{MakeRoute, UNMATCHED_ROUTE};
 use tonic::{Request, Response, Status};
 use tower_http::trace::TraceLayer;
 
+use crate::accept::Acceptor;
 use crate::proto::inventory_server::{Inventory, InventoryServer};
 use crate::proto::{ReserveReply, ReserveRequest};
+use crate::stop::Stop;
 use crate::telemetry::{backend_layer, server_span};
+
+/// The methods served (gRPC paths): the only route names this service uses.
+pub const METHODS: &[&str] = &["/inventory.Inventory/Reserve"];
 
 /// Stock by SKU.
 #[derive(Debug, Default)]
@@ -46,24 +53,38 @@ fn check_stock(levels: &Mutex<HashMap<String, u32>>, req: &ReserveRequest) -> u3
     reserved
 }
 
-/// Serves the inventory on `addr` (loopback); returns the bound address.
-pub async fn serve(addr: SocketAddr) -> std::io::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let bound = listener.local_addr()?;
-    let layer = backend_layer()?.make_route(GrpcRoute);
-    tokio::spawn(async move {
-        let r = tonic::transport::Server::builder()
-            .layer(
-                TraceLayer::new_for_grpc()
-                    .make_span_with(|req: &http::Request<_>| server_span(req, "inventory")),
-            )
-            .layer(layer)
-            .add_service(InventoryServer::new(Stock::default()))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
-            .await;
-        if let Err(e) = r {
-            tracing::error!(error = %e, "inventory server stopped");
-        }
-    });
-    Ok(bound)
+/// The route of a request: one of [`METHODS`], else [`UNMATCHED_ROUTE`].
+pub fn route<B>(req: &http::Request<B>) -> &'static str {
+    let path = req.uri().path();
+    METHODS
+        .iter()
+        .find(|m| **m == path)
+        .copied()
+        .unwrap_or(UNMATCHED_ROUTE)
+}
+
+/// Names profile labels by [`route`].
+#[derive(Debug, Clone, Copy)]
+struct InventoryRoute;
+
+impl<B> MakeRoute<B> for InventoryRoute {
+    fn make_route(&mut self, req: &http::Request<B>) -> Option<Cow<'static, str>> {
+        Some(Cow::Borrowed(route(req)))
+    }
+}
+
+/// Serves the inventory on `acceptor` until `stop`, then finishes the calls in
+/// flight.
+pub async fn serve(acceptor: Acceptor, stop: Stop) -> std::io::Result<()> {
+    let layer = backend_layer()?.make_route(InventoryRoute);
+    tonic::transport::Server::builder()
+        .layer(
+            TraceLayer::new_for_grpc()
+                .make_span_with(|req: &http::Request<_>| server_span(req, "inventory", route(req))),
+        )
+        .layer(layer)
+        .add_service(InventoryServer::new(Stock::default()))
+        .serve_with_incoming_shutdown(acceptor.into_stream(), async move { stop.stopped().await })
+        .await
+        .map_err(std::io::Error::other)
 }

@@ -11,6 +11,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use crate::shop::sample_cart;
+use crate::stop::Stop;
 
 /// What a load run did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -28,13 +29,16 @@ pub struct LoadReport {
 pub const LARGE_CART_LINES: usize = if cfg!(debug_assertions) { 100 } else { 600 };
 
 /// Drives `target` (for example `http://127.0.0.1:3000`) for `duration` with
-/// `concurrency` clients. The mix: 70 % `POST /checkout` with 2–12 lines, 3 % with
-/// [`LARGE_CART_LINES`] lines (slow for a code reason), 22 % `GET /cart/{id}`, 5 % `GET /health`.
+/// `concurrency` clients, or until `stop`: then the clients send nothing more and
+/// wait for the answers to what they sent. The mix: 70 % `POST /checkout` with 2–12
+/// lines, 3 % with [`LARGE_CART_LINES`] lines (slow for a code reason), 22 % `GET
+/// /cart/{id}`, 5 % `GET /health`.
 pub async fn run(
     target: &str,
     duration: Duration,
     concurrency: usize,
     progress: bool,
+    stop: Stop,
 ) -> LoadReport {
     let requests = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
@@ -52,16 +56,17 @@ pub async fn run(
     };
     let mut tasks = Vec::new();
     for worker in 0..concurrency {
-        let (target, requests, errors, large) = (
+        let (target, requests, errors, large, stop) = (
             target.trim_end_matches('/').to_owned(),
             requests.clone(),
             errors.clone(),
             large.clone(),
+            stop.clone(),
         );
         tasks.push(tokio::spawn(async move {
             let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
             let mut n = worker as u64 * 1_000_003;
-            while Instant::now() < end {
+            while Instant::now() < end && !stop.is_stopped() {
                 n += 1;
                 // About 3 % large carts, the first one early in every client's run
                 // (so even a short run has some); the rest of the mix by hash.
@@ -92,17 +97,20 @@ pub async fn run(
                     }
                     Err(_) => {
                         errors.fetch_add(1, Ordering::Relaxed);
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        tokio::select! {
+                            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                            _ = stop.stopped() => {}
+                        }
                     }
                 }
             }
         }));
     }
     let ticker = {
-        let (bar, requests) = (bar.clone(), requests.clone());
+        let (bar, requests, stop) = (bar.clone(), requests.clone(), stop.clone());
         tokio::spawn(async move {
             let start = Instant::now();
-            while Instant::now() < end {
+            while Instant::now() < end && !stop.is_stopped() {
                 tokio::time::sleep(Duration::from_millis(250)).await;
                 bar.set_position(start.elapsed().as_secs());
                 bar.set_message(format!("{} requests", requests.load(Ordering::Relaxed)));

@@ -1,28 +1,51 @@
 //! `checkout`: spanprof's example shop.
 //!
 //! ```text
-//! checkout [--listen ADDR] [--load DURATION]     run the shop (and load it for DURATION, default 20s)
+//! checkout [--listen ADDR] [--viewer ADDR] [--load DURATION]
+//!                                                run the shop (and load it for DURATION, default 20s)
 //! checkout load --target URL [--duration D]      drive another instance
 //! ```
+//!
+//! SIGINT (Ctrl-C) or SIGTERM, at any time: stop sending load, stop accepting, finish
+//! the requests in flight, flush the last profile interval and the spans, exit 0. A
+//! second signal exits at once.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use checkout::{ShopConfig, load, telemetry};
+use checkout::stop::Stop;
+use checkout::telemetry::{self, Telemetry};
+use checkout::{ShopConfig, load, stop};
 use spanprof::Profiler;
 use spanprof::export::{
     OtlpProfilesConfig, OtlpProfilesExporter, ProfileSource, PyroscopeConfig, PyroscopeExporter,
+    Sinks, redact_url,
 };
 use spanprof_viewer::RecentSpans;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
 const USAGE: &str = "usage:
-  checkout [--listen ADDR] [--load DURATION]   run the shop on ADDR (default 127.0.0.1:3000);
-                                               load it for DURATION (default 20s, 0 for none)
+  checkout [--listen ADDR] [--viewer ADDR] [--load DURATION]
+      run the shop: its API on ADDR (default 127.0.0.1:3000; inventory and payments on
+      loopback), the viewer on --viewer (loopback only, default 127.0.0.1:6060);
+      load it for DURATION (default 20s, 0 for none)
   checkout load --target URL [--duration D] [--concurrency N]
-                                               drive another instance (default 20s, 4 clients)";
+      drive another instance (default 20s, 4 clients)
+SIGINT (Ctrl-C) or SIGTERM stops it cleanly, during the load too.";
+
+/// How long requests in flight may take to finish at shutdown.
+const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
+/// How long the profile sinks may take, together, to send their last interval at
+/// shutdown.
+const SINK_DEADLINE: Duration = spanprof::export::DEFAULT_SHUTDOWN_DEADLINE;
 
 fn duration(flag: &str, v: &str) -> Result<Duration, String> {
     spanprof::tower::parse_duration(v).map_err(|e| format!("{flag}: {e}"))
+}
+
+fn address(flag: &str, v: &str) -> Result<std::net::SocketAddr, String> {
+    v.parse()
+        .map_err(|_| format!("{flag}: `{v}` is not an address like 127.0.0.1:3000"))
 }
 
 fn main() -> ExitCode {
@@ -33,6 +56,46 @@ fn main() -> ExitCode {
             eprintln!("checkout: {e}\n\n{USAGE}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// SIGINT and SIGTERM, listened for from the start.
+struct Signals {
+    int: Signal,
+    term: Signal,
+}
+
+impl Signals {
+    fn listen() -> Result<Signals, String> {
+        let on = |kind| signal(kind).map_err(|e| format!("cannot listen for signals: {e}"));
+        Ok(Signals {
+            int: on(SignalKind::interrupt())?,
+            term: on(SignalKind::terminate())?,
+        })
+    }
+
+    /// The next signal's name.
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.int.recv() => "SIGINT",
+            _ = self.term.recv() => "SIGTERM",
+        }
+    }
+
+    /// A stop signal fired by the first of them; after it, a second one exits at
+    /// once.
+    fn into_stop(mut self) -> (Stop, tokio::sync::oneshot::Receiver<&'static str>) {
+        let (trigger, stop) = stop::channel();
+        let (name_tx, name_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let first = self.next().await;
+            trigger.stop();
+            let _ = name_tx.send(first);
+            let second = self.next().await;
+            eprintln!("checkout: {second} again, exiting without waiting");
+            std::process::exit(130);
+        });
+        (stop, name_rx)
     }
 }
 
@@ -61,7 +124,10 @@ fn run(args: &[String]) -> Result<(), String> {
         }
         let target = target.ok_or("load needs --target URL")?;
         let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
-        let r = rt.block_on(load::run(&target, dur, conc.max(1), true));
+        let r = rt.block_on(async {
+            let (stop, _) = Signals::listen()?.into_stop();
+            Ok::<_, String>(load::run(&target, dur, conc.max(1), true, stop).await)
+        })?;
         println!(
             "{} requests, {} errors, {} large carts",
             r.requests, r.errors, r.large_carts
@@ -77,11 +143,17 @@ fn run(args: &[String]) -> Result<(), String> {
                 .ok_or_else(|| format!("{a} needs a value"))
         };
         match a.as_str() {
-            "--listen" => {
-                let v = val()?;
-                cfg.listen = v.parse().map_err(|_| {
-                    format!("--listen: `{v}` is not an address like 127.0.0.1:3000")
-                })?;
+            "--listen" => cfg.listen = address("--listen", &val()?)?,
+            "--viewer" => {
+                cfg.viewer = address("--viewer", &val()?)?;
+                if !cfg.viewer.ip().is_loopback() {
+                    return Err(format!(
+                        "--viewer: {} is not a loopback address; the viewer and the profile \
+                         endpoint show code, routes and timings, so they stay on loopback \
+                         (from another machine: ssh -L 6060:127.0.0.1:6060 this-host)",
+                        cfg.viewer
+                    ));
+                }
             }
             "--load" => load_for = duration("--load", &val()?)?,
             "-h" | "--help" => return Err("help".into()),
@@ -94,76 +166,145 @@ fn run(args: &[String]) -> Result<(), String> {
     spanprof::install_runtime_hooks(&mut builder);
     let rt = builder.enable_all().build().map_err(|e| e.to_string())?;
     let handle = profiler.clone();
-    rt.block_on(async move {
-        let spans = RecentSpans::new(spanprof_viewer::DEFAULT_MAX_TRACES);
-        let service = std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "checkout".into());
-        let provider = telemetry::init(&spans, &service, true);
-        let mut sinks = Vec::new();
-        match PyroscopeConfig::from_env() {
-            Ok(Some(c)) => {
-                println!("profiles: Pyroscope at {}", c.server);
-                let e = PyroscopeExporter::start(c, ProfileSource::profiler(&profiler, false))
-                    .map_err(|e| e.to_string())?;
-                sinks.push(Box::new(move || {
-                    let _ = e.shutdown(Duration::from_secs(5));
-                }) as Box<dyn FnOnce() + Send>);
-            }
-            Ok(None) => {}
-            Err(e) => return Err(e.to_string()),
-        }
-        // Traces go over OTLP/gRPC here (opentelemetry-otlp's tonic exporter); unless
-        // told otherwise, profiles use the same protocol and endpoint.
-        let otlp_profiles = OtlpProfilesConfig::from_lookup(|k| {
-            std::env::var(k)
-                .ok()
-                .or_else(|| (k == "OTEL_EXPORTER_OTLP_PROTOCOL").then(|| "grpc".to_owned()))
-        });
-        match otlp_profiles {
-            Ok(Some(c)) => {
-                println!("profiles: OTLP (experimental) to {}", c.endpoint);
-                let e = OtlpProfilesExporter::start(c, ProfileSource::profiler(&profiler, false))
-                    .map_err(|e| e.to_string())?;
-                sinks.push(Box::new(move || {
-                    let _ = e.shutdown(Duration::from_secs(5));
-                }));
-            }
-            Ok(None) => {}
-            Err(e) => return Err(e.to_string()),
-        }
-        let shop = checkout::start(&cfg, profiler.clone(), spans)
-            .await
-            .map_err(|e| format!("--listen {}: {e}", cfg.listen))?;
-        let caps = profiler.capabilities();
-        println!(
-            "checkout API  http://{}  (inventory gRPC {}, payments http://{})",
-            shop.api, shop.inventory, shop.payments
-        );
-        println!(
-            "profiler      {} Hz baseline, {} Hz for hot requests via {}",
-            caps.baseline_hz,
-            caps.effective_high_hz,
-            caps.mechanism.as_str()
-        );
-        if !load_for.is_zero() {
-            println!(
-                "load          {}s of mixed traffic (a few large carts are slow on purpose)",
-                load_for.as_secs()
-            );
-            let r = load::run(&format!("http://{}", shop.api), load_for, 4, true).await;
-            println!(
-                "load done     {} requests, {} errors, {} large carts",
-                r.requests, r.errors, r.large_carts
-            );
-        }
-        println!("\nviewer        {}\n", shop.viewer_url());
-        println!("open it, pick the slowest POST /checkout trace, then its span. Ctrl-C to stop.");
-        let _ = tokio::signal::ctrl_c().await;
-        for stop in sinks {
-            tokio::task::spawn_blocking(stop).await.ok();
-        }
-        let _ = provider.shutdown();
-        Ok(())
-    })?;
+    rt.block_on(serve(cfg, load_for, profiler))?;
     handle.stop();
+    Ok(())
+}
+
+async fn serve(cfg: ShopConfig, load_for: Duration, profiler: Profiler) -> Result<(), String> {
+    // From the very start, so a signal during the start-up or the load is not lost.
+    let (stop, signal_name) = Signals::listen()?.into_stop();
+    let spans = RecentSpans::new(spanprof_viewer::DEFAULT_MAX_TRACES);
+    let t = Telemetry::from_env()?;
+    let provider = telemetry::init(&spans, &t)?;
+    let mut sinks = Sinks::new();
+    match PyroscopeConfig::from_env() {
+        Ok(Some(c)) => {
+            // The configuration prints its endpoint with any credentials redacted.
+            println!("profiles      {c}");
+            sinks.push(
+                PyroscopeExporter::start(c, ProfileSource::profiler(&profiler, false))
+                    .map_err(|e| e.to_string())?,
+            );
+        }
+        Ok(None) => {}
+        Err(e) => return Err(e.to_string()),
+    }
+    // Unless told otherwise, profiles use the traces' protocol and endpoint.
+    let traces_protocol = t.otlp_protocol.as_str().to_owned();
+    let otlp_profiles = OtlpProfilesConfig::from_lookup(|k| {
+        std::env::var(k)
+            .ok()
+            .or_else(|| (k == "OTEL_EXPORTER_OTLP_PROTOCOL").then(|| traces_protocol.clone()))
+    });
+    match otlp_profiles {
+        Ok(Some(c)) => {
+            println!("profiles      {c} (experimental)");
+            sinks.push(
+                OtlpProfilesExporter::start(c, ProfileSource::profiler(&profiler, false))
+                    .map_err(|e| e.to_string())?,
+            );
+        }
+        Ok(None) => {}
+        Err(e) => return Err(e.to_string()),
+    }
+    if let Some(endpoint) = &t.otlp_endpoint {
+        println!(
+            "traces        OTLP ({}) to {} ({})",
+            t.otlp_protocol.as_str(),
+            redact_url(endpoint),
+            t.trace_filter
+        );
+    }
+    let shop = checkout::start(&cfg, profiler.clone(), spans)
+        .await
+        .map_err(|e| format!("--listen {} / --viewer {}: {e}", cfg.listen, cfg.viewer))?;
+    let caps = profiler.capabilities();
+    println!(
+        "checkout API  http://{}  (inventory gRPC {}, payments http://{})",
+        shop.api, shop.inventory, shop.payments
+    );
+    println!("viewer        {}", shop.viewer_url());
+    println!(
+        "profiler      {} Hz baseline, {} Hz for hot requests via {}",
+        caps.baseline_hz,
+        caps.effective_high_hz,
+        caps.mechanism.as_str()
+    );
+    if !shop.api.ip().is_loopback() {
+        tracing::warn!(
+            "the checkout API listens on {}, reachable from other machines; the viewer ({}), \
+             /debug/spanprof/profile, inventory ({}) and payments ({}) stay on loopback",
+            shop.api,
+            shop.viewer,
+            shop.inventory,
+            shop.payments
+        );
+    }
+    if !load_for.is_zero() {
+        println!(
+            "load          {}s of mixed traffic (a few large carts are slow on purpose)",
+            load_for.as_secs()
+        );
+        let r = load::run(
+            &format!("http://{}", shop.api),
+            load_for,
+            4,
+            true,
+            stop.clone(),
+        )
+        .await;
+        println!(
+            "load {}  {} requests, {} errors, {} large carts",
+            if stop.is_stopped() {
+                "stopped"
+            } else {
+                "done   "
+            },
+            r.requests,
+            r.errors,
+            r.large_carts
+        );
+    }
+    if !stop.is_stopped() {
+        println!(
+            "\nopen the viewer, pick the slowest POST /checkout trace, then its span. Ctrl-C to stop."
+        );
+    }
+    stop.stopped().await;
+    let name = signal_name.await.unwrap_or("signal");
+
+    let drained = shop.shutdown(DRAIN_DEADLINE).await;
+    let flushed = tokio::task::spawn_blocking(move || {
+        profiler.flush();
+        // Every sink sends its last interval; they share one deadline.
+        let profiles: Vec<String> = sinks
+            .shutdown(SINK_DEADLINE)
+            .into_iter()
+            .map(|(name, s)| format!("{name}: {} sent, {} dropped", s.sent, s.dropped()))
+            .collect();
+        let spans = match provider.shutdown() {
+            Ok(()) => "spans flushed".to_owned(),
+            Err(e) => format!("spans not flushed: {e}"),
+        };
+        (profiles, spans)
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    let (profiles, spans) = flushed;
+    println!(
+        "stopped       {name}: requests {} in {:.1} s; profiles {}; {spans}",
+        if drained.in_time {
+            "drained"
+        } else {
+            "cut at the deadline"
+        },
+        drained.took.as_secs_f64(),
+        if profiles.is_empty() {
+            "kept in the viewer only".to_owned()
+        } else {
+            format!("flushed ({})", profiles.join(", "))
+        }
+    );
     Ok(())
 }

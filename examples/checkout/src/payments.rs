@@ -1,8 +1,9 @@
 //! The payments service: a plain hyper 1.x server (the Hyper adapter), called by the
-//! checkout API over loopback HTTP.
+//! checkout API over loopback HTTP. Its spans, profile labels and logs are named by
+//! route template (`POST /pay`; anything else `(unmatched)`), never by the raw path;
+//! `GET /health` answers without a span.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -10,9 +11,13 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::GracefulShutdown;
+use spanprof::tower::UNMATCHED_ROUTE;
 use spanprof::tower::hyper::ProfiledService;
 use tracing::Instrument;
 
+use crate::accept::Acceptor;
+use crate::stop::Stop;
 use crate::telemetry::{backend_layer, server_span};
 
 /// A fraud score: a little CPU per payment.
@@ -28,6 +33,11 @@ pub fn fraud_score(body: &[u8]) -> u64 {
 }
 
 async fn pay(req: http::Request<Incoming>) -> Result<http::Response<Full<Bytes>>, Infallible> {
+    if route(&req) != "/pay" {
+        let mut resp = http::Response::new(Full::new(Bytes::from_static(b"not found\n")));
+        *resp.status_mut() = http::StatusCode::NOT_FOUND;
+        return Ok(resp);
+    }
     let body = req
         .into_body()
         .collect()
@@ -43,32 +53,52 @@ async fn pay(req: http::Request<Incoming>) -> Result<http::Response<Full<Bytes>>
     )))))
 }
 
-fn route(req: &http::Request<Incoming>) -> Option<String> {
-    (req.uri().path() == "/pay").then(|| "/pay".to_owned())
+/// The route template of a payments request: one of the service's routes, else
+/// [`UNMATCHED_ROUTE`] (a raw path may hold ids or secrets, and names must stay few).
+pub fn route<B>(req: &http::Request<B>) -> &'static str {
+    match req.uri().path() {
+        "/pay" => "/pay",
+        "/health" => "/health",
+        _ => UNMATCHED_ROUTE,
+    }
 }
 
-/// Serves payments on `addr` (loopback); returns the bound address.
-pub async fn serve(addr: SocketAddr) -> std::io::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let bound = listener.local_addr()?;
+/// Serves payments on `acceptor` until `stop`, then finishes the requests in flight.
+pub async fn serve(mut acceptor: Acceptor, stop: Stop) -> std::io::Result<()> {
     let layer = backend_layer()?;
-    tokio::spawn(async move {
-        loop {
-            let Ok((io, _)) = listener.accept().await else {
-                return;
+    let graceful = GracefulShutdown::new();
+    loop {
+        let io = tokio::select! {
+            _ = stop.stopped() => break,
+            (io, _) = acceptor.accept() => io,
+        };
+        let profiled = ProfiledService::new(service_fn(pay), layer.clone(), |req: &_| {
+            Some(route(req).to_owned())
+        });
+        let svc = service_fn(move |req: http::Request<Incoming>| {
+            let health = route(&req) == "/health";
+            let span = if health {
+                tracing::Span::none()
+            } else {
+                server_span(&req, "payments", route(&req))
             };
-            let profiled = ProfiledService::new(service_fn(pay), layer.clone(), route);
-            tokio::spawn(async move {
-                let svc = service_fn(move |req: http::Request<Incoming>| {
-                    let span = server_span(&req, "payments");
-                    let fut = span.in_scope(|| hyper::service::Service::call(&profiled, req));
-                    fut.instrument(span)
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(io), svc)
-                    .await;
-            });
-        }
-    });
-    Ok(bound)
+            let fut = span.in_scope(|| hyper::service::Service::call(&profiled, req));
+            async move {
+                if health {
+                    return Ok(http::Response::new(
+                        Full::new(Bytes::from_static(b"ok\n")).boxed(),
+                    ));
+                }
+                fut.instrument(span)
+                    .await
+                    .map(|resp| resp.map(BodyExt::boxed))
+            }
+        });
+        let conn =
+            hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(io), svc);
+        tokio::spawn(graceful.watch(conn));
+    }
+    drop(acceptor);
+    graceful.shutdown().await;
+    Ok(())
 }

@@ -1,72 +1,190 @@
 //! Tracing, OpenTelemetry and spanprof wiring: spans go to the viewer's recent-span
-//! store (and, if `OTEL_EXPORTER_OTLP_ENDPOINT` is set, to an OTLP collector over
-//! gRPC) through spanprof's span processor, which adds each span's profile id and
-//! figures.
+//! store (and, with an OTLP endpoint, to a collector over gRPC or HTTP, as
+//! `OTEL_EXPORTER_OTLP_PROTOCOL` says) through spanprof's span processor, which adds
+//! each span's profile id and figures.
+//!
+//! Only the application's spans are made and exported: the trace filter
+//! ([`DEFAULT_TRACE_FILTER`], `CHECKOUT_TRACE_FILTER` to change it) keeps the
+//! `checkout` crate's spans at `info` — a checkout is eight spans across the three
+//! services — and leaves out the hundred-odd spans per request that h2, tonic and
+//! hyper make at `debug`/`trace`. Logs (`RUST_LOG`, default [`DEFAULT_LOG_FILTER`])
+//! go to stderr, with colours only when stderr is a terminal and `NO_COLOR` is unset.
 
-use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use std::io::IsTerminal;
+
+use opentelemetry::propagation::{Injector, TextMapPropagator};
 use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{BatchSpanProcessor, SdkTracerProvider, SpanProcessor};
 use spanprof::tower::{SpanProfileLayer, SpanProfileProcessor};
 use spanprof_viewer::RecentSpans;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::EnvFilter;
 use tracing_subscriber::prelude::*;
 
-/// Installs the global tracing subscriber and returns the tracer provider.
-pub fn init(spans: &RecentSpans, service_name: &str, log: bool) -> SdkTracerProvider {
-    let otlp: Option<Box<dyn SpanProcessor>> = match std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT") {
-        Ok(endpoint) if !endpoint.is_empty() => {
-            match opentelemetry_otlp::SpanExporter::builder()
-                .with_tonic()
-                .build()
-            {
-                Ok(exporter) => {
-                    eprintln!("traces: OTLP/gRPC to {endpoint}");
-                    Some(Box::new(BatchSpanProcessor::builder(exporter).build()))
-                }
-                Err(e) => {
-                    eprintln!("traces: OTLP exporter not started: {e}");
-                    None
-                }
-            }
+/// The spans made and exported unless `CHECKOUT_TRACE_FILTER` says otherwise (an
+/// `EnvFilter`, like `RUST_LOG`; for example `checkout=info,tower_http=debug`).
+pub const DEFAULT_TRACE_FILTER: &str = "checkout=info";
+/// The logs written unless `RUST_LOG` says otherwise.
+pub const DEFAULT_LOG_FILTER: &str = "warn,spanprof=info";
+
+/// How spans travel to an OTLP collector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TraceProtocol {
+    /// OTLP/gRPC (`grpc`, the default; port 4317 by convention).
+    #[default]
+    Grpc,
+    /// OTLP/HTTP with protobuf bodies (`http/protobuf`; port 4318, path `/v1/traces`).
+    HttpProtobuf,
+}
+
+impl TraceProtocol {
+    /// The value of `OTEL_EXPORTER_OTLP_*PROTOCOL` for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TraceProtocol::Grpc => "grpc",
+            TraceProtocol::HttpProtobuf => "http/protobuf",
         }
-        _ => None,
+    }
+}
+
+/// How tracing is set up.
+#[derive(Debug, Clone)]
+pub struct Telemetry {
+    /// The OpenTelemetry `service.name`. From `OTEL_SERVICE_NAME`, else `checkout`.
+    pub service_name: String,
+    /// Where spans are exported over OTLP (none: the viewer only). From
+    /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (used as it is), else
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` (with `/v1/traces` added for OTLP/HTTP).
+    pub otlp_endpoint: Option<String>,
+    /// OTLP/gRPC or OTLP/HTTP. From `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`, else
+    /// `OTEL_EXPORTER_OTLP_PROTOCOL`, else gRPC.
+    pub otlp_protocol: TraceProtocol,
+    /// Which spans are made and exported ([`DEFAULT_TRACE_FILTER`]; `CHECKOUT_TRACE_FILTER`).
+    pub trace_filter: String,
+    /// Which logs go to stderr ([`DEFAULT_LOG_FILTER`]; `RUST_LOG`); `None`: no logs.
+    pub log_filter: Option<String>,
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Telemetry {
+            service_name: "checkout".into(),
+            otlp_endpoint: None,
+            otlp_protocol: TraceProtocol::Grpc,
+            trace_filter: DEFAULT_TRACE_FILTER.into(),
+            log_filter: Some(DEFAULT_LOG_FILTER.into()),
+        }
+    }
+}
+
+impl Telemetry {
+    /// From the environment variables named on each field. An unknown protocol is an
+    /// error naming its variable.
+    pub fn from_env() -> Result<Self, String> {
+        Telemetry::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// As [`Telemetry::from_env`], reading variables through `var`.
+    pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let var = |k: &str| var(k).filter(|v| !v.is_empty());
+        let d = Telemetry::default();
+        let (protocol_var, protocol) = [
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ]
+        .into_iter()
+        .find_map(|k| var(k).map(|v| (k, v)))
+        .unwrap_or(("", "grpc".to_owned()));
+        let otlp_protocol = match protocol.as_str() {
+            "grpc" => TraceProtocol::Grpc,
+            "http/protobuf" => TraceProtocol::HttpProtobuf,
+            other => {
+                return Err(format!(
+                    "{protocol_var} `{other}`: the checkout example sends spans over `grpc` or `http/protobuf`"
+                ));
+            }
+        };
+        let otlp_endpoint = match var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
+            Some(e) => Some(e),
+            None => var("OTEL_EXPORTER_OTLP_ENDPOINT").map(|e| match otlp_protocol {
+                TraceProtocol::Grpc => e,
+                TraceProtocol::HttpProtobuf => format!("{}/v1/traces", e.trim_end_matches('/')),
+            }),
+        };
+        Ok(Telemetry {
+            service_name: var("OTEL_SERVICE_NAME").unwrap_or(d.service_name),
+            otlp_endpoint,
+            otlp_protocol,
+            trace_filter: var("CHECKOUT_TRACE_FILTER").unwrap_or(d.trace_filter),
+            log_filter: Some(var("RUST_LOG").unwrap_or(DEFAULT_LOG_FILTER.into())),
+        })
+    }
+}
+
+fn filter(name: &str, directives: &str) -> Result<EnvFilter, String> {
+    EnvFilter::try_new(directives).map_err(|e| format!("{name} `{directives}`: {e}"))
+}
+
+/// Installs the global tracing subscriber and returns the tracer provider. Errors
+/// name the setting at fault (a filter that does not parse, an endpoint the OTLP
+/// exporter refuses).
+pub fn init(spans: &RecentSpans, t: &Telemetry) -> Result<SdkTracerProvider, String> {
+    let trace_filter = filter("CHECKOUT_TRACE_FILTER", &t.trace_filter)?;
+    let log_filter = t
+        .log_filter
+        .as_deref()
+        .map(|f| filter("RUST_LOG", f))
+        .transpose()?;
+    let otlp: Option<Box<dyn SpanProcessor>> = match &t.otlp_endpoint {
+        Some(endpoint) => {
+            let builder = opentelemetry_otlp::SpanExporter::builder();
+            let exporter = match t.otlp_protocol {
+                TraceProtocol::Grpc => builder.with_tonic().with_endpoint(endpoint).build(),
+                TraceProtocol::HttpProtobuf => builder
+                    .with_http()
+                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                    .with_endpoint(endpoint)
+                    .build(),
+            }
+            .map_err(|e| {
+                format!(
+                    "OTEL_EXPORTER_OTLP_ENDPOINT `{}`: {e}",
+                    spanprof::export::redact_url(endpoint)
+                )
+            })?;
+            Some(Box::new(BatchSpanProcessor::builder(exporter).build()))
+        }
+        None => None,
     };
     let provider = SdkTracerProvider::builder()
         .with_resource(
             Resource::builder()
-                .with_service_name(service_name.to_owned())
+                .with_service_name(t.service_name.clone())
                 .build(),
         )
         .with_span_processor(SpanProfileProcessor::new(spans.processor(otlp)))
         .build();
     let tracer = provider.tracer("checkout");
-    let fmt = log.then(|| {
+    let colours = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let logs = log_filter.map(|f| {
         tracing_subscriber::fmt::layer()
-            .with_target(false)
-            .with_filter(tracing_subscriber::EnvFilter::new(
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,spanprof=info".into()),
-            ))
+            .with_writer(std::io::stderr)
+            .with_ansi(colours)
+            .with_filter(f)
     });
+    // spanprof's layer sees the spans OpenTelemetry's does: the application's.
+    let traces = SpanProfileLayer::new()
+        .and_then(tracing_opentelemetry::layer().with_tracer(tracer))
+        .with_filter(trace_filter);
     let _ = tracing_subscriber::registry()
-        .with(SpanProfileLayer::new())
-        .with(tracing_opentelemetry::layer().with_tracer(tracer))
-        .with(fmt)
+        .with(traces)
+        .with(logs)
         .try_init();
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-    provider
-}
-
-struct HeaderExtractor<'a>(&'a http::HeaderMap);
-
-impl Extractor for HeaderExtractor<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).and_then(|v| v.to_str().ok())
-    }
-    fn keys(&self) -> Vec<&str> {
-        self.0.keys().map(|k| k.as_str()).collect()
-    }
+    Ok(provider)
 }
 
 struct HeaderInjector<'a>(&'a mut http::HeaderMap);
@@ -82,23 +200,12 @@ impl Injector for HeaderInjector<'_> {
     }
 }
 
-/// The server span of a request to `service`: named `METHOD route`, child of the
-/// caller's `traceparent`, with a `service.name` attribute (the three services share
-/// one process and one tracer provider here).
-pub fn server_span<B>(req: &http::Request<B>, service: &'static str) -> tracing::Span {
-    let route = req
-        .extensions()
-        .get::<axum::extract::MatchedPath>()
-        .map(|m| m.as_str().to_owned())
-        .unwrap_or_else(|| {
-            // gRPC and payments paths are templates already; an unmatched API path
-            // could hold ids, so it is not used.
-            if service == "checkout" {
-                "(unmatched)".to_owned()
-            } else {
-                req.uri().path().to_owned()
-            }
-        });
+/// The server span of a request to `service`: named `METHOD route` (`route` a
+/// template such as `/cart/{id}`, never a raw path: names must stay few and free of
+/// ids and secrets), a child of the caller's `traceparent` if that is well formed
+/// (W3C's rules, [`spanprof::tower::extract_trace_context`]), with a `service.name`
+/// attribute (the three services share one process and one tracer provider here).
+pub fn server_span<B>(req: &http::Request<B>, service: &'static str, route: &str) -> tracing::Span {
     let span = tracing::info_span!(
         "request",
         otel.name = %format!("{} {}", req.method(), route),
@@ -106,8 +213,7 @@ pub fn server_span<B>(req: &http::Request<B>, service: &'static str) -> tracing:
         service.name = service,
         http.route = %route,
     );
-    let parent = TraceContextPropagator::new().extract(&HeaderExtractor(req.headers()));
-    let _ = span.set_parent(parent);
+    let _ = span.set_parent(spanprof::tower::extract_trace_context(req.headers()));
     span
 }
 

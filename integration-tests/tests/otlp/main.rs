@@ -126,15 +126,30 @@ fn http_profiles_link_samples_to_spans() {
     );
 }
 
-#[test]
-fn grpc_profiles_link_samples_to_spans() {
-    let _serial = support::serial();
-    let rt = tokio::runtime::Runtime::new().unwrap();
+/// A recording OTLP profiles gRPC server on 127.0.0.1 that answers
+/// `UNAUTHENTICATED` to a request without every `required` metadata entry.
+fn start_collector(
+    rt: &tokio::runtime::Runtime,
+    required: &'static [(&'static str, &'static str)],
+) -> (OtlpCollector, std::net::SocketAddr) {
     let collector = OtlpCollector::default();
+    let svc = ProfilesServiceServer::with_interceptor(
+        collector.clone(),
+        move |req: tonic::Request<()>| {
+            let md = req.metadata();
+            if required
+                .iter()
+                .all(|(k, v)| md.get(*k).is_some_and(|got| got == *v))
+            {
+                Ok(req)
+            } else {
+                Err(tonic::Status::unauthenticated("missing or wrong metadata"))
+            }
+        },
+    );
     let addr = rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let svc = ProfilesServiceServer::new(collector.clone());
         tokio::spawn(async move {
             tonic::transport::Server::builder()
                 .add_service(svc)
@@ -144,6 +159,14 @@ fn grpc_profiles_link_samples_to_spans() {
         });
         addr
     });
+    (collector, addr)
+}
+
+#[test]
+fn grpc_profiles_link_samples_to_spans() {
+    let _serial = support::serial();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (collector, addr) = start_collector(&rt, &[]);
     let cfg = OtlpProfilesConfig::from_lookup(|k| match k {
         "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT" => Some(format!("http://{addr}")),
         "OTEL_EXPORTER_OTLP_PROTOCOL" => Some("grpc".into()),
@@ -172,4 +195,120 @@ fn protocol_errors_name_the_variable() {
     })
     .unwrap_err();
     assert!(e.to_string().contains("OTEL_EXPORTER_OTLP_PROTOCOL"), "{e}");
+}
+
+/// Issue 10.7: an authenticated collector accepted traces and rejected every
+/// profile, because `OTEL_EXPORTER_OTLP_HEADERS` was ignored for profiles. Over
+/// HTTP, against a receiver that answers 401 without the header, as the variable
+/// gives it (percent-encoded).
+#[test]
+fn http_profiles_carry_the_standard_headers() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let receiver = rt.block_on(Receiver::start(vec![]));
+    receiver.require_header("authorization", "Bearer s3cret token");
+    let mut cfg = OtlpProfilesConfig::from_lookup(|k| match k {
+        "OTEL_EXPORTER_OTLP_ENDPOINT" => Some(receiver.url()),
+        "OTEL_EXPORTER_OTLP_HEADERS" => {
+            Some("authorization=Bearer%20s3cret%20token, x-team = checkout".into())
+        }
+        _ => None,
+    })
+    .unwrap()
+    .unwrap();
+    cfg.interval = Duration::from_millis(200);
+    let exporter = OtlpProfilesExporter::start(cfg, support::receiver::numbered_source()).unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    let stats = exporter.shutdown(Duration::from_secs(5));
+    assert!(stats.sent >= 2 && stats.dropped() == 0, "{stats:?}");
+    for r in receiver.received() {
+        assert_eq!(r.headers["authorization"], "Bearer s3cret token");
+        assert_eq!(r.headers["x-team"], "checkout");
+    }
+}
+
+/// Issue 10.7 over gRPC: the headers go as metadata; the profiles variable wins
+/// over the general one for a key set in both, and both apply.
+#[test]
+fn grpc_profiles_carry_the_standard_headers_profiles_variable_first() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (collector, addr) = start_collector(&rt, &[("x-api-key", "right"), ("x-team", "checkout")]);
+    let mut cfg = OtlpProfilesConfig::from_lookup(|k| match k {
+        "OTEL_EXPORTER_OTLP_ENDPOINT" => Some(format!("http://{addr}")),
+        "OTEL_EXPORTER_OTLP_PROTOCOL" => Some("grpc".into()),
+        "OTEL_EXPORTER_OTLP_HEADERS" => Some("x-api-key=wrong,x-team=checkout".into()),
+        "OTEL_EXPORTER_OTLP_PROFILES_HEADERS" => Some("X-Api-Key=right".into()),
+        _ => None,
+    })
+    .unwrap()
+    .unwrap();
+    assert_eq!(cfg.protocol, OtlpProtocol::Grpc);
+    cfg.interval = Duration::from_millis(200);
+    let exporter = OtlpProfilesExporter::start(cfg, support::receiver::numbered_source()).unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    let stats = exporter.shutdown(Duration::from_secs(5));
+    assert!(stats.sent >= 2 && stats.dropped() == 0, "{stats:?}");
+    assert_eq!(collector.0.lock().unwrap().len() as u64, stats.sent);
+    drop(rt);
+}
+
+/// The other exporter variables, as for traces, `_PROFILES_` first; bad values are
+/// errors naming the variable, never echoing a header's value.
+#[test]
+fn otel_exporter_variables_profiles_first_and_errors_name_them() {
+    let base = |extra: &'static [(&'static str, &'static str)]| {
+        move |k: &str| match k {
+            "OTEL_EXPORTER_OTLP_ENDPOINT" => Some("http://collector:4318/?org=7".to_owned()),
+            _ => extra
+                .iter()
+                .find(|(name, _)| *name == k)
+                .map(|(_, v)| (*v).to_owned()),
+        }
+    };
+    let cfg = OtlpProfilesConfig::from_lookup(base(&[("OTEL_EXPORTER_OTLP_TIMEOUT", "2500")]))
+        .unwrap()
+        .unwrap();
+    assert_eq!(cfg.delivery.request_timeout, Duration::from_millis(2500));
+    assert_eq!(cfg.protocol, OtlpProtocol::HttpProtobuf);
+    // The signal path goes before the query string.
+    assert_eq!(
+        cfg.endpoint,
+        "http://collector:4318/v1development/profiles?org=7"
+    );
+    let cfg = OtlpProfilesConfig::from_lookup(base(&[
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500"),
+        ("OTEL_EXPORTER_OTLP_PROFILES_TIMEOUT", "700"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL", "grpc"),
+    ]))
+    .unwrap()
+    .unwrap();
+    assert_eq!(cfg.delivery.request_timeout, Duration::from_millis(700));
+    assert_eq!(cfg.protocol, OtlpProtocol::Grpc);
+    assert_eq!(cfg.endpoint, "http://collector:4318/?org=7", "gRPC: as is");
+
+    for (var, value) in [
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "10s"),
+        ("OTEL_EXPORTER_OTLP_PROFILES_TIMEOUT", "0"),
+        ("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL", "http/json"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "authorization"),
+        ("OTEL_EXPORTER_OTLP_PROFILES_HEADERS", "bad name=hunter2"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=hunter2%0A"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=hunter2%zz"),
+    ] {
+        let e = OtlpProfilesConfig::from_lookup(|k| match k {
+            "OTEL_EXPORTER_OTLP_ENDPOINT" => Some("http://collector:4318".into()),
+            k if k == var => Some(value.into()),
+            _ => None,
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains(var), "{var}={value}: {e}");
+        assert!(!e.contains("hunter2"), "{var}: the value is echoed: {e}");
+    }
+    let e = OtlpProfilesConfig::from_lookup(|k| {
+        (k == "OTEL_EXPORTER_OTLP_ENDPOINT").then(|| "collector:4318".to_owned())
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("`OTEL_EXPORTER_OTLP_ENDPOINT`"), "{e}");
 }

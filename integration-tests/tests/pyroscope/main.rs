@@ -4,12 +4,13 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine;
 use prost::Message;
-use spanprof::{Profile, Profiler};
+use spanprof::{Hotness, Profiler, SpanLabels};
 use spanprof_export::pyroscope::proto::push::v1::PushRequest;
 use spanprof_export::{
     DeliveryConfig, ProfileSource, PyroscopeAuth, PyroscopeConfig, PyroscopeExporter,
@@ -131,56 +132,26 @@ async fn bearer_token_is_sent() {
     );
 }
 
-/// A source of small, numbered profiles (no profiler needed).
 fn synthetic_source() -> ProfileSource {
-    let mut n = 0u64;
-    ProfileSource::from_fn(move || {
-        n += 1;
-        let mut p = Profile::empty(10_000_000);
-        p.samples.push(spanprof::ProfileSample {
-            stack: Arc::from(vec![spanprof::Frame {
-                function: Arc::from(format!("payload_{n}")),
-                file: None,
-                line: 0,
-                address: n,
-                inlined: false,
-            }]),
-            labels: None,
-            count: 1,
-            cpu_ns: 10_000_000,
-        });
-        p
-    })
+    support::receiver::numbered_source()
 }
 
-/// The numbers of the payloads a receiver got (`payload_<n>`), in arrival order.
 fn payload_numbers(r: &Receiver) -> Vec<u64> {
-    r.received()
-        .iter()
-        .map(|r| {
-            let (_, p) = decode(&r.body);
-            let f = p.function[0].name;
-            p.string_table[f as usize]
-                .strip_prefix("payload_")
-                .unwrap()
-                .parse()
-                .unwrap()
-        })
-        .collect()
+    support::receiver::pushed_numbers(r)
 }
 
 fn fast_delivery(capacity: usize) -> DeliveryConfig {
     DeliveryConfig {
         queue_capacity: capacity,
-        max_attempts: 50,
+        max_attempts: None,
         base_backoff: Duration::from_millis(50),
         max_backoff: Duration::from_millis(200),
         request_timeout: Duration::from_millis(500),
     }
 }
 
-/// Receiver down for a while, then up: everything queued within the bound arrives,
-/// the rest is counted as dropped.
+/// Receiver down for a while, then up: everything the queue held arrives; to make
+/// room for new payloads a full queue dropped its oldest, counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn receiver_down_then_up() {
     // Reserve a port, then free it: nothing listens there for now.
@@ -197,6 +168,7 @@ async fn receiver_down_then_up() {
     assert_eq!(during.sent, 0);
     assert!(during.retried > 0, "{during:?}");
     assert!(during.dropped_queue_full > 0, "{during:?}");
+    assert!(during.pending <= 3, "{during:?}");
     let receiver = Receiver::start_on(addr, vec![]).await;
     let stats = tokio::task::spawn_blocking(move || {
         std::thread::sleep(Duration::from_millis(1500));
@@ -206,12 +178,13 @@ async fn receiver_down_then_up() {
     .unwrap();
     let got = payload_numbers(&receiver);
     assert_eq!(stats.sent as usize, got.len(), "{stats:?}");
-    assert_eq!(
-        stats.queued,
-        stats.sent + stats.dropped_shutdown + stats.dropped_retries_exhausted
-    );
-    // The payloads that waited out the outage arrived: the first ones made.
-    assert!(got.contains(&1), "{got:?}");
+    // Every payload queued was sent or dropped, and counted.
+    assert_eq!(stats.queued, stats.sent + stats.dropped(), "{stats:?}");
+    assert_eq!(stats.dropped_retries_exhausted, 0, "{stats:?}");
+    // The oldest made room: the first payload that arrived is a recent one; they
+    // arrived in the order they were made.
+    assert!(got.len() >= 3 && got[0] > 1, "{got:?}");
+    assert!(got.windows(2).all(|w| w[1] > w[0]), "{got:?}");
     assert!(stats.dropped_queue_full >= during.dropped_queue_full);
 }
 
@@ -282,7 +255,7 @@ async fn stalled_receiver_times_out_and_drops() {
     cfg.interval = Duration::from_millis(100);
     cfg.delivery = DeliveryConfig {
         queue_capacity: 2,
-        max_attempts: 2,
+        max_attempts: Some(2),
         base_backoff: Duration::from_millis(20),
         max_backoff: Duration::from_millis(50),
         request_timeout: Duration::from_millis(150),
@@ -300,11 +273,7 @@ async fn stalled_receiver_times_out_and_drops() {
         "{stats:?}"
     );
     assert!(stats.dropped_queue_full >= 1, "{stats:?}");
-    assert_eq!(
-        stats.queued,
-        stats.dropped_retries_exhausted + stats.dropped_shutdown + stats.dropped_rejected,
-        "{stats:?}"
-    );
+    assert_eq!(stats.queued, stats.dropped(), "{stats:?}");
 }
 
 /// Shutdown with a pending queue flushes it within its deadline.
@@ -351,4 +320,168 @@ fn environment_errors_name_the_variable() {
         "{e}"
     );
     assert!(PyroscopeConfig::from_lookup(|_| None).unwrap().is_none());
+}
+
+/// The series Pyroscope's distributor makes of one push, by its rule
+/// (grafana/pyroscope `pkg/model/pprofsplit`): a `profile_id` sample label is renamed
+/// `span_id`; `span_id` and `trace_id` stay sample labels; every other string label
+/// of a sample is added to the push's series labels (which win on a clash), and each
+/// distinct label set is one series.
+fn pyroscope_series(body: &[u8]) -> BTreeSet<BTreeMap<String, String>> {
+    let req = PushRequest::decode(body).expect("a PushRequest");
+    let mut series = BTreeSet::new();
+    for s in &req.series {
+        let base: BTreeMap<String, String> = s
+            .labels
+            .iter()
+            .map(|l| (l.name.clone(), l.value.clone()))
+            .collect();
+        for raw in &s.samples {
+            let p = spanprof::pprof::decode(&raw.raw_profile).expect("gzip'd pprof");
+            for sample in &p.sample {
+                let mut labels = base.clone();
+                for l in &sample.label {
+                    let key = match string(&p, l.key) {
+                        "profile_id" => "span_id",
+                        k => k,
+                    };
+                    if l.str > 0 && key != "span_id" && key != "trace_id" {
+                        labels
+                            .entry(key.to_owned())
+                            .or_insert_with(|| string(&p, l.str).to_owned());
+                    }
+                }
+                series.insert(labels);
+            }
+        }
+    }
+    series
+}
+
+/// `8-4-4-4-12` lowercase hex digits, version 4, RFC 4122 variant.
+fn is_uuid_v4(id: &str) -> bool {
+    let groups: Vec<&str> = id.split('-').collect();
+    groups.iter().map(|g| g.len()).eq([8, 4, 4, 4, 12])
+        && groups.iter().all(|g| {
+            g.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
+        && groups[2].starts_with('4')
+        && groups[3].starts_with(['8', '9', 'a', 'b'])
+}
+
+/// Burns `cpu` of this thread's CPU time under `labels`.
+fn burn_under(labels: &SpanLabels, cpu: Duration) {
+    let _g = labels.enter();
+    let start = spanprof::thread_cpu_time();
+    while spanprof::thread_cpu_time() - start < cpu {
+        std::hint::black_box(spanprof_bench::BURNERS[0].1(5_000));
+    }
+}
+
+/// `requests` checkout requests, one after another on one thread: each a root span
+/// and an inner `calculate_total` span with CPU work in both, with new trace and span
+/// ids every time, half of them sampled and half promoted as slow. Pushed to a local
+/// receiver; returns what it got and the requests' root span ids.
+fn push_requests(
+    profiler: &Profiler,
+    rt: &tokio::runtime::Runtime,
+    first: u64,
+    requests: u64,
+) -> (Vec<support::receiver::Received>, Vec<String>) {
+    let receiver = rt.block_on(Receiver::start(vec![]));
+    let mut cfg = PyroscopeConfig::new(receiver.url());
+    cfg.service_name = "checkout".into();
+    cfg.interval = Duration::from_millis(500);
+    let exporter = PyroscopeExporter::start(cfg, ProfileSource::profiler(profiler, false)).unwrap();
+    let roots = std::thread::spawn(move || {
+        spanprof::register_current_thread();
+        (first..first + requests)
+            .map(|i| {
+                let root = SpanLabels::builder()
+                    .trace_id(0x7ace_0000_0000_0000_0000_0000_0000_0000 | u128::from(i))
+                    .span_id(0x5_0000 + 2 * i)
+                    .span_name("POST /checkout")
+                    .route("POST /checkout")
+                    .hot(if i % 2 == 0 {
+                        Hotness::Sampled
+                    } else {
+                        Hotness::Slow
+                    })
+                    .build();
+                burn_under(&root, Duration::from_millis(8));
+                let inner = root.child(0x5_0000 + 2 * i + 1, "calculate_total");
+                burn_under(&inner, Duration::from_millis(8));
+                root.span_id_hex()
+            })
+            .collect::<Vec<_>>()
+    })
+    .join()
+    .unwrap();
+    profiler.flush();
+    let stats = exporter.shutdown(Duration::from_secs(5));
+    assert!(stats.sent >= 1 && stats.dropped() == 0, "{stats:?}");
+    (receiver.received(), roots)
+}
+
+/// Issue 9.4: Pyroscope turns every sample label but `span_id`/`trace_id` into a
+/// series label, and a tenant gets 5 000 series by default. Ten times the requests
+/// must make the same series, while every request's `span_id` still reaches
+/// Pyroscope as a sample label (what Tempo's "profiles for this span" queries).
+/// Each push's profile id is a UUID, as Pyroscope's ingester parses it.
+#[test]
+fn series_do_not_grow_with_requests() {
+    let _serial = support::serial();
+    let profiler = Profiler::current_or_start().expect("profiler");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut ids = HashSet::new();
+    let mut phases = Vec::new();
+    for (first, requests) in [(0, 10), (1_000, 100)] {
+        let (got, roots) = push_requests(&profiler, &rt, first, requests);
+        let mut series = BTreeSet::new();
+        let mut span_ids = HashSet::new();
+        for r in &got {
+            // Unlabelled samples (between requests, other threads) make the push's
+            // own series, in some pushes and not others: the request series count.
+            series.extend(
+                pyroscope_series(&r.body)
+                    .into_iter()
+                    .filter(|s| s.contains_key("span_name")),
+            );
+            let (_, pprof) = decode(&r.body);
+            let req = PushRequest::decode(r.body.as_ref()).unwrap();
+            let id = &req.series[0].samples[0].id;
+            assert!(is_uuid_v4(id), "RawSample.ID `{id}` is not a UUID");
+            assert!(ids.insert(id.clone()), "RawSample.ID `{id}` sent twice");
+            for s in &pprof.sample {
+                for l in &s.label {
+                    if string(&pprof, l.key) == "span_id" {
+                        span_ids.insert(string(&pprof, l.str).to_owned());
+                    }
+                }
+            }
+        }
+        let missing: Vec<_> = roots.iter().filter(|r| !span_ids.contains(*r)).collect();
+        assert!(missing.is_empty(), "span ids not pushed: {missing:?}");
+        phases.push((requests, series));
+    }
+    profiler.stop();
+    let (few, many) = (&phases[0], &phases[1]);
+    assert_eq!(
+        few.1.len(),
+        many.1.len(),
+        "{} requests made {} series, {} requests {} series; e.g. {:?}",
+        few.0,
+        few.1.len(),
+        many.0,
+        many.1.len(),
+        many.1.iter().take(3).collect::<Vec<_>>()
+    );
+    assert_eq!(few.1, many.1);
+    let allowed = ["__name__", "service_name", "span_name", "route", "hot"];
+    for s in &many.1 {
+        assert!(s.keys().all(|k| allowed.contains(&k.as_str())), "{s:?}");
+    }
+    // Two span names times two hotness values, at most.
+    assert!(many.1.len() <= 4, "{:?}", many.1);
 }

@@ -38,6 +38,8 @@ pub enum Reply {
 struct State {
     received: Vec<Received>,
     script: VecDeque<Reply>,
+    /// A header every request must carry (else 401).
+    required: Option<(String, String)>,
     /// Connections whose TLS handshake failed (HTTPS receivers).
     tls_failures: u64,
 }
@@ -58,12 +60,22 @@ where
                 .unwrap_or_default();
             let reply = {
                 let mut s = st.lock().unwrap();
+                let authorized = s.required.as_ref().is_none_or(|(k, v)| {
+                    parts
+                        .headers
+                        .get(k.as_str())
+                        .is_some_and(|got| got == v.as_str())
+                });
                 s.received.push(Received {
                     path: parts.uri.path().to_owned(),
                     headers: parts.headers,
                     body,
                 });
-                s.script.pop_front().unwrap_or(Reply::Status(200, ""))
+                if authorized {
+                    s.script.pop_front().unwrap_or(Reply::Status(200, ""))
+                } else {
+                    Reply::Status(401, "missing or wrong credentials")
+                }
             };
             let (status, text) = match reply {
                 Reply::Status(s, t) => (s, t),
@@ -118,9 +130,8 @@ impl Receiver {
             .expect("bind receiver");
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(Mutex::new(State {
-            received: Vec::new(),
             script: script.into(),
-            tls_failures: 0,
+            ..State::default()
         }));
         let st = state.clone();
         tokio::spawn(async move {
@@ -166,6 +177,56 @@ impl Receiver {
     pub fn tls_failures(&self) -> u64 {
         self.state.lock().unwrap().tls_failures
     }
+
+    /// From now on, answers 401 to a request without header `name: value`.
+    pub fn require_header(&self, name: &str, value: &str) {
+        self.state.lock().unwrap().required = Some((name.to_owned(), value.to_owned()));
+    }
+}
+
+/// A source of small numbered profiles, no profiler needed: the `n`th profile's one
+/// sample is in function `payload_<n>`.
+pub fn numbered_source() -> spanprof_export::ProfileSource {
+    let mut n = 0u64;
+    spanprof_export::ProfileSource::from_fn(move || {
+        n += 1;
+        let mut p = spanprof::Profile::empty(10_000_000);
+        p.samples.push(spanprof::ProfileSample {
+            stack: Arc::from(vec![spanprof::Frame {
+                function: Arc::from(format!("payload_{n}")),
+                file: None,
+                line: 0,
+                address: n,
+                inlined: false,
+            }]),
+            labels: None,
+            count: 1,
+            cpu_ns: 10_000_000,
+        });
+        p
+    })
+}
+
+/// The numbers of the [`numbered_source`] profiles in the Pyroscope pushes a
+/// receiver got, in arrival order.
+pub fn pushed_numbers(r: &Receiver) -> Vec<u64> {
+    use prost::Message;
+    r.received()
+        .iter()
+        .map(|r| {
+            let req =
+                spanprof_export::pyroscope::proto::push::v1::PushRequest::decode(r.body.as_ref())
+                    .expect("a PushRequest");
+            let p = spanprof::pprof::decode(&req.series[0].samples[0].raw_profile)
+                .expect("gzip'd pprof");
+            let f = p.function[0].name;
+            p.string_table[f as usize]
+                .strip_prefix("payload_")
+                .expect("a numbered profile")
+                .parse()
+                .unwrap()
+        })
+        .collect()
 }
 
 /// A recording OTLP profiles gRPC service.

@@ -44,7 +44,7 @@ fn localhost_cert() -> (String, String, tokio_rustls::TlsAcceptor) {
 /// Few, quick retries: the failing cases end in about a second.
 fn quick_delivery() -> DeliveryConfig {
     DeliveryConfig {
-        max_attempts: 2,
+        max_attempts: Some(2),
         base_backoff: Duration::from_millis(50),
         max_backoff: Duration::from_millis(100),
         request_timeout: Duration::from_secs(3),

@@ -50,6 +50,11 @@ impl Burner for Svc {
 }
 
 async fn serve() -> String {
+    serve_layer().await.0
+}
+
+/// The server, and its layer (a handle on the layer's counters).
+async fn serve_layer() -> (String, ProfileCorrelationLayer<GrpcRoute>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let layer = ProfileCorrelationLayer::builder()
@@ -57,16 +62,21 @@ async fn serve() -> String {
         .build()
         .unwrap()
         .make_route(GrpcRoute);
+    let handle = layer.clone();
+    // No Nagle on the server's side either (tonic sets it only on sockets it accepts
+    // itself): many small calls otherwise wait for delayed ACKs.
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener)
+        .map(|s| s.inspect(|s| s.set_nodelay(true).expect("TCP_NODELAY")));
     tokio::spawn(async move {
         tonic::transport::Server::builder()
             .layer(TraceLayer::new_for_grpc().make_span_with(server_span))
             .layer(layer)
             .add_service(BurnerServer::new(Svc))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .serve_with_incoming(incoming)
             .await
             .unwrap()
     });
-    format!("http://{addr}")
+    (format!("http://{addr}"), handle)
 }
 
 async fn client(url: String) -> BurnerClient<tonic::transport::Channel> {
@@ -151,4 +161,109 @@ async fn tonic_streams_are_labelled_for_their_whole_life() {
     // 8 items x 40 ms of CPU, all inside body polls, profiled hot at 1 kHz.
     assert!(p.cpu_ns() >= 200_000_000, "{} ns", p.cpu_ns());
     assert!(attr_i64(&spans[0], "spanprof.busy_ns") >= 300_000_000);
+}
+
+/// Calls `path` on the server, which serves no such method: tonic answers
+/// `Unimplemented` itself.
+async fn call_unimplemented(channel: tonic::transport::Channel, path: String) {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("channel ready");
+    let path = http::uri::PathAndQuery::try_from(path).expect("a valid path");
+    let status = grpc
+        .unary(
+            Request::new(BurnRequest {
+                millis: 0,
+                count: 0,
+            }),
+            path,
+            tonic_prost::ProstCodec::<BurnRequest, BurnReply>::default(),
+        )
+        .await
+        .expect_err("no such method");
+    assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
+}
+
+/// The route label of the one request behind the exported span `span`.
+fn route_of(span: &opentelemetry_sdk::trace::SpanData) -> String {
+    let profiler = profiler();
+    profiler.flush();
+    let p = profiler
+        .store()
+        .span_tree(span_id(span))
+        .expect("samples of the call");
+    p.samples[0].labels.as_ref().unwrap().route.to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_method_names_neither_fill_the_interner_nor_rename_real_methods() {
+    otel();
+    let (url, layer) = serve_layer().await;
+    let mut c = client(url.clone()).await;
+    let burn = BurnRequest {
+        millis: 40,
+        count: 0,
+    };
+    c.alpha(burn).await.expect("alpha before the flood");
+    let before = spanprof::intern_stats();
+    // 5 000 distinct method names, each a well-formed `/package.Service/Method`: half
+    // in the served service, half in services that do not exist.
+    let channel = tonic::transport::Endpoint::from_shared(url)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut names: Vec<String> = (0..5_000)
+        .map(|i| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            if i % 2 == 0 {
+                format!("/burner.Burner/M{rng:016x}")
+            } else {
+                format!("/scan{:08x}.Svc/Get", rng >> 32)
+            }
+        })
+        .collect();
+    let workers: Vec<_> = (0..8)
+        .map(|_| {
+            let chunk = names.split_off(names.len().saturating_sub(625));
+            let channel = channel.clone();
+            tokio::spawn(async move {
+                for path in chunk {
+                    call_unimplemented(channel.clone(), path).await;
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.unwrap();
+    }
+    let flooded = spanprof::intern_stats();
+    let flood_end = std::time::SystemTime::now();
+    c.alpha(burn).await.expect("alpha after the flood");
+    let after = wait_spans(2, named("POST /burner.Burner/Alpha"))
+        .into_iter()
+        .find(|s| s.start_time > flood_end)
+        .expect("the span of the call after the flood");
+    assert_eq!(route_of(&after), "/burner.Burner/Alpha");
+    // Past the layer's bound, new methods read `/{unknown}` (counted), a real one
+    // first called after the flood too: its samples are kept under that name.
+    assert!(
+        layer.unknown_routes() >= 4_000,
+        "{}",
+        layer.unknown_routes()
+    );
+    c.beta(burn).await.expect("beta");
+    let beta = wait_spans(1, named("POST /burner.Burner/Beta"));
+    assert_eq!(route_of(&beta[0]), spanprof_tower::UNKNOWN_ROUTE);
+    assert_eq!(
+        flooded.overflowed, 0,
+        "the flood filled the name interner: {before:?} -> {flooded:?}"
+    );
+    assert!(
+        flooded.names - before.names <= spanprof_tower::DEFAULT_MAX_ROUTES,
+        "the flood added {} names: {before:?} -> {flooded:?}",
+        flooded.names - before.names
+    );
 }

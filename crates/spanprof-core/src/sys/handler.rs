@@ -16,6 +16,8 @@ use super::ring::{FLAG_LABELLED, FLAG_PERF, FLAG_TRUNCATED};
 use super::thread::ThreadSampler;
 use super::timer::CpuTimer;
 use super::{perf, slot, unwind};
+use crate::intern::NameId;
+use crate::labels::ENDED;
 
 /// The signal both the CPU timers and the perf events deliver.
 pub(crate) const SIGNAL: i32 = libc::SIGPROF;
@@ -108,7 +110,16 @@ fn high_period(ts: &ThreadSampler, label_high_ns: u64) -> u64 {
 }
 
 /// Brings the thread to the high rate of the hot work in its slot: arms the perf event
-/// (at the work's period) or, in timer mode, re-arms the timer at the high period.
+/// or, in timer mode, re-arms the timer at the high period.
+///
+/// The perf event samples hot work as a Poisson process: every interval is drawn
+/// from an exponential distribution whose mean is the high period, and each sample
+/// stands for that mean. Memorylessness is what makes the estimate right whatever
+/// the poll lengths: the event may be armed at any hot push and dropped at any sample
+/// that lands in cold work (which the baseline timer covers) without biasing the
+/// hot work's estimate. A fixed period re-armed at each hot push instead lands at
+/// the same offset into every hot poll, and locks onto cold work when polls are
+/// shorter than the period.
 #[inline(always)]
 fn go_high(ts: &ThreadSampler, label_high_ns: u64) {
     let period = high_period(ts, label_high_ns);
@@ -121,12 +132,18 @@ fn go_high(ts: &ThreadSampler, label_high_ns: u64) {
         {
             // Grace: the next timer tick must not take the fresh event for a lost one.
             ts.perf_since_tick.store(1, Ordering::Relaxed);
-            if ts.current_period_ns.load(Ordering::Relaxed) != period
-                && perf::set_period(fd, period)
-            {
-                ts.current_period_ns.store(period, Ordering::Relaxed);
+            // The handler that disarmed the event drew the next interval already
+            // (for the profiler's high period); draw one here only for another rate.
+            if ts.perf_preset_ns.swap(0, Ordering::Relaxed) != period {
+                let interval = exp_interval(ts, period).max(MIN_PERF_INTERVAL_NS);
+                perf::set_period(fd, interval);
+                ts.perf_interval_ns.store(interval, Ordering::Relaxed);
             }
-            if !perf::refresh(fd) {
+            ts.perf_nominal_ns.store(period, Ordering::Relaxed);
+            if perf::refresh(fd) {
+                ts.perf_armed_at_ns
+                    .store(super::thread_cpu_ns(), Ordering::Relaxed);
+            } else {
                 ts.perf_armed.store(false, Ordering::Relaxed);
                 ts.rearm_failed.fetch_add(1, Ordering::Relaxed);
             }
@@ -137,6 +154,157 @@ fn go_high(ts: &ThreadSampler, label_high_ns: u64) {
     {
         ts.current_period_ns.store(period, Ordering::Relaxed);
         CpuTimer::from_raw(ts.timer_raw.load(Ordering::Relaxed)).set_period(period);
+    }
+}
+
+/// An exponentially distributed interval with mean `mean_ns` (clamped to
+/// `[mean/64, 8 mean]`, which moves the mean by less than 0.05 %), from the
+/// thread's own xorshift generator. Signal-safe: integer and float arithmetic only.
+#[inline(always)]
+fn exp_interval(ts: &ThreadSampler, mean_ns: u64) -> u64 {
+    let mut x = ts.rng.load(Ordering::Relaxed);
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    ts.rng.store(x, Ordering::Relaxed);
+    // A uniform in (0, 1] from the top 53 bits of xorshift64*.
+    let u = ((x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) + 1) as f64 / (1u64 << 53) as f64;
+    let v = -ln_unit(u) * mean_ns as f64;
+    (v as u64).clamp((mean_ns / 64).max(1), mean_ns.saturating_mul(8))
+}
+
+/// `ln(u)` for `u` in (0, 1], without libm: `u = m * 2^e` with `m` in [1, 2), and
+/// `ln(m) = 2 atanh((m - 1) / (m + 1))` by its series (error below 1e-6).
+#[inline(always)]
+fn ln_unit(u: f64) -> f64 {
+    let bits = u.to_bits();
+    let e = ((bits >> 52) & 0x7ff) as i64 - 1023;
+    let m = f64::from_bits((bits & ((1u64 << 52) - 1)) | (1023u64 << 52));
+    let z = (m - 1.0) / (m + 1.0);
+    let z2 = z * z;
+    let series = z
+        * (2.0
+            + z2 * (2.0 / 3.0
+                + z2 * (2.0 / 5.0 + z2 * (2.0 / 7.0 + z2 * (2.0 / 9.0 + z2 * (2.0 / 11.0))))));
+    e as f64 * std::f64::consts::LN_2 + series
+}
+
+/// Rate control for a perf event sample. Returns the sample's weight, or `None` when
+/// it landed in cold work: the baseline timer covers that, so the sample is dropped
+/// and the event stays off until the next hot push, with its next random interval
+/// set now (an `ioctl` here rather than on the poll path).
+///
+/// A hot sample stands for the mean interval, plus the *dead time* measured since the
+/// last arm: from the overflow to the re-arm below the event is off (the kernel
+/// delivers the signal, this handler runs, about 30 µs on a KVM guest) while the
+/// sampled work is charged for that CPU. Thread CPU time since the last arm, less the
+/// interval programmed then, is that dead time; an overflow the kernel skipped because
+/// it came in kernel mode shows up there too and is made up the same way.
+#[inline(always)]
+fn perf_sample(ts: &ThreadSampler, hot: bool, label_high_ns: u64) -> Option<u64> {
+    ts.perf_since_tick.fetch_add(1, Ordering::Relaxed);
+    let fd = ts.perf_fd.load(Ordering::Acquire);
+    let nominal_ns = ts.perf_nominal_ns.load(Ordering::Relaxed);
+    if fd < 0 {
+        return Some(nominal_ns);
+    }
+    if !hot {
+        ts.perf_armed.store(false, Ordering::Relaxed);
+        let period = ts.high_ns.load(Ordering::Relaxed);
+        let interval = exp_interval(ts, period).max(MIN_PERF_INTERVAL_NS);
+        if perf::set_period(fd, interval) {
+            ts.perf_interval_ns.store(interval, Ordering::Relaxed);
+            ts.perf_preset_ns.store(period, Ordering::Relaxed);
+        }
+        ts.perf_cold.fetch_add(1, Ordering::Relaxed);
+        return None;
+    }
+    let period = high_period(ts, label_high_ns);
+    let last_interval = ts.perf_interval_ns.load(Ordering::Relaxed);
+    // The next overflow is at least MIN_PERF_INTERVAL_NS away. The Poisson process
+    // runs from here at a mean of the period less that floor and less this thread's
+    // usual dead time (so that samples still come at the rate asked for), and its
+    // points that fall inside the floor are folded into this sample: the work right
+    // after the re-arm is the work sampled now.
+    let dead_avg = ts.perf_dead_avg_ns.load(Ordering::Relaxed);
+    let mean = period
+        .saturating_sub(MIN_PERF_INTERVAL_NS + dead_avg)
+        .max(MIN_PERF_INTERVAL_NS);
+    let mut interval = exp_interval(ts, mean);
+    let mut folded = 0u64;
+    while interval < MIN_PERF_INTERVAL_NS && folded < 64 {
+        folded += 1;
+        interval += exp_interval(ts, mean);
+    }
+    if perf::set_period(fd, interval) {
+        ts.perf_interval_ns.store(interval, Ordering::Relaxed);
+    }
+    ts.perf_nominal_ns.store(mean, Ordering::Relaxed);
+    if !perf::refresh(fd) {
+        ts.perf_armed.store(false, Ordering::Relaxed);
+        ts.rearm_failed.fetch_add(1, Ordering::Relaxed);
+        return Some(nominal_ns);
+    }
+    let now = super::thread_cpu_ns();
+    let armed_at = ts.perf_armed_at_ns.swap(now, Ordering::Relaxed);
+    let dead_ns = now
+        .saturating_sub(armed_at)
+        .saturating_sub(last_interval)
+        .min(nominal_ns.saturating_mul(8));
+    // Exponentially weighted (1/8) average, for the next interval's mean.
+    ts.perf_dead_avg_ns.store(
+        (dead_avg * 7 + dead_ns.min(period / 2)) / 8,
+        Ordering::Relaxed,
+    );
+    Some(nominal_ns.saturating_mul(1 + folded) + dead_ns)
+}
+
+/// The shortest interval programmed. Shorter ones can expire before the re-arm's
+/// system call has returned to user space; the kernel skips an overflow in kernel
+/// mode and re-fires one interval later, so a 10 µs interval on a guest whose timer
+/// interrupt costs more than that stormed (a measured 2.7 ms of CPU in one re-arm
+/// under load). At arm (from idle, on the poll path) a shorter draw is delayed to it.
+const MIN_PERF_INTERVAL_NS: u64 = 50_000;
+
+/// Rate control for a CPU timer tick covering `periods` periods. Returns the
+/// sample's weight, or `None` when the perf event covers this (hot) time.
+#[inline(always)]
+fn timer_sample(ts: &ThreadSampler, hot: bool, label_high_ns: u64, periods: u64) -> Option<u64> {
+    if ts.perf_fd.load(Ordering::Relaxed) >= 0 {
+        // Perf mode: the timer runs at the baseline all the time and covers cold work;
+        // hot work is the perf event's while it is armed.
+        if hot && ts.perf_armed.load(Ordering::Relaxed) {
+            ts.superseded.fetch_add(1, Ordering::Relaxed);
+            if ts.perf_since_tick.swap(0, Ordering::Relaxed) == 0 {
+                // No perf sample since the last tick: its signal may have been lost
+                // (coalesced with a pending tick). Re-arm with a fresh interval: if it
+                // was not lost, that only restarts a memoryless interval.
+                ts.perf_armed.store(false, Ordering::Relaxed);
+                ts.perf_preset_ns.store(0, Ordering::Relaxed);
+                go_high(ts, label_high_ns);
+            }
+            return None;
+        }
+        if hot {
+            go_high(ts, label_high_ns);
+        }
+        Some(
+            ts.baseline_ns
+                .load(Ordering::Relaxed)
+                .saturating_mul(periods),
+        )
+    } else {
+        // Timer mode: the timer itself runs at the baseline or the high period.
+        let period = ts.current_period_ns.load(Ordering::Relaxed);
+        if hot {
+            go_high(ts, label_high_ns);
+        } else if ts.timer_high.load(Ordering::Relaxed) && ts.timer_live.load(Ordering::Acquire) {
+            ts.timer_high.store(false, Ordering::Relaxed);
+            let base = ts.baseline_ns.load(Ordering::Relaxed);
+            ts.current_period_ns.store(base, Ordering::Relaxed);
+            CpuTimer::from_raw(ts.timer_raw.load(Ordering::Relaxed)).set_period(base);
+        }
+        Some(period.saturating_mul(periods))
     }
 }
 
@@ -196,77 +364,41 @@ unsafe fn handle(info: *const SigInfoTimer, uctx: *mut libc::c_void) {
         .saturating_add(now.tv_nsec as u64);
 
     let rec = slot::current_ptr();
-    // SAFETY: a non-null slot pointer is a live `LabelRecord` (its pusher keeps it alive
-    // until it restores the slot, which cannot happen while we interrupt it).
+    // SAFETY: a non-null slot pointer is a live `LabelRecord`: its pusher holds a
+    // strong reference until it restores the slot, which cannot happen while we
+    // interrupt it (the hooks defer a release at terminate to after the poll).
     let rec = unsafe { rec.as_ref() };
-    let mut hot = rec.map_or(0, |r| r.hot.load(Ordering::Relaxed));
+    let state = rec.map_or(0, |r| r.state.load(Ordering::Relaxed));
+    // Work that outlived its span: sampled as detached, at the baseline rate.
+    let ended = state & ENDED != 0;
+    let mut hot = if ended { 0 } else { state };
     if let Some(r) = rec
         && hot == 0
+        && !ended
         && r.slow_deadline_ns != 0
         && time_ns >= r.slow_deadline_ns
     {
         // Slow promotion from inside a long poll: from this sample on, high rate.
-        r.hot
+        r.state
             .fetch_max(crate::profile::Hotness::Slow as u8, Ordering::Relaxed);
         hot = crate::profile::Hotness::Slow as u8;
     }
     let label_high_ns = rec.map_or(0, |r| r.high_ns);
-    let weight_ns;
     let mut flags = 0;
-    if from_perf {
+    let weight_ns = if from_perf {
         flags |= FLAG_PERF;
-        ts.perf_since_tick.fetch_add(1, Ordering::Relaxed);
-        // This sample stands for the period the event ran at until now.
-        weight_ns = ts.current_period_ns.load(Ordering::Relaxed);
-        let fd = ts.perf_fd.load(Ordering::Acquire);
-        if hot != 0 && fd >= 0 {
-            let period = high_period(ts, label_high_ns);
-            if period != weight_ns && perf::set_period(fd, period) {
-                ts.current_period_ns.store(period, Ordering::Relaxed);
-            }
-            if !perf::refresh(fd) {
-                ts.perf_armed.store(false, Ordering::Relaxed);
-                ts.rearm_failed.fetch_add(1, Ordering::Relaxed);
-            }
-        } else {
-            ts.perf_armed.store(false, Ordering::Relaxed);
+        match perf_sample(ts, hot != 0, label_high_ns) {
+            Some(w) => w,
+            None => return,
         }
     } else {
         // SAFETY: SI_TIMER: the timer member of the union is the live one.
         let overrun = unsafe { (*info).overrun }.max(0) as u64;
-        let periods = 1 + overrun;
-        if ts.perf_fd.load(Ordering::Relaxed) >= 0 {
-            if ts.perf_armed.load(Ordering::Relaxed) {
-                if ts.perf_since_tick.swap(0, Ordering::Relaxed) > 0 {
-                    // The perf event is sampling this thread: it covers this time.
-                    ts.superseded.fetch_add(1, Ordering::Relaxed);
-                    return;
-                }
-                // No perf sample since the last tick: its signal was lost; re-arm below.
-                ts.perf_armed.store(false, Ordering::Relaxed);
-            }
-            weight_ns = ts
-                .baseline_ns
-                .load(Ordering::Relaxed)
-                .saturating_mul(periods);
-            if hot != 0 {
-                go_high(ts, label_high_ns);
-            }
-        } else {
-            // Timer mode: the timer itself runs at the baseline or the high period.
-            let period = ts.current_period_ns.load(Ordering::Relaxed);
-            weight_ns = period.saturating_mul(periods);
-            if hot != 0 {
-                go_high(ts, label_high_ns);
-            } else if ts.timer_high.load(Ordering::Relaxed) && ts.timer_live.load(Ordering::Acquire)
-            {
-                ts.timer_high.store(false, Ordering::Relaxed);
-                let base = ts.baseline_ns.load(Ordering::Relaxed);
-                ts.current_period_ns.store(base, Ordering::Relaxed);
-                CpuTimer::from_raw(ts.timer_raw.load(Ordering::Relaxed)).set_period(base);
-            }
+        match timer_sample(ts, hot != 0, label_high_ns, 1 + overrun) {
+            Some(w) => w,
+            None => return,
         }
-    }
+    };
 
     // SAFETY: `uctx` is the kernel's ucontext for this signal.
     let regs = unsafe { unwind::regs(uctx) };
@@ -282,13 +414,18 @@ unsafe fn handle(info: *const SigInfoTimer, uctx: *mut libc::c_void) {
         }
         if let Some(r) = rec {
             flags |= FLAG_LABELLED;
-            s.trace_id = r.trace_id;
-            s.span_id = r.span_id;
-            s.parent_span_id = r.parent_span_id;
-            s.root_span_id = r.root_span_id;
-            s.span_name = r.span_name.0;
             s.route = r.route.0;
-            s.hot = hot;
+            if ended {
+                // The ids stay zero (the ring zeroes every slot before `fill`).
+                s.span_name = NameId::DETACHED.0;
+            } else {
+                s.trace_id = r.trace_id;
+                s.span_id = r.span_id;
+                s.parent_span_id = r.parent_span_id;
+                s.root_span_id = r.root_span_id;
+                s.span_name = r.span_name.0;
+                s.hot = hot;
+            }
         }
         s.weight_ns = weight_ns;
         s.time_ns = time_ns;
@@ -296,7 +433,9 @@ unsafe fn handle(info: *const SigInfoTimer, uctx: *mut libc::c_void) {
     });
     if written {
         ts.samples.fetch_add(1, Ordering::Relaxed);
-        if let Some(r) = rec {
+        if ended {
+            ts.detached.fetch_add(1, Ordering::Relaxed);
+        } else if let Some(r) = rec {
             r.cpu_samples.fetch_add(1, Ordering::Relaxed);
             r.cpu_ns.fetch_add(weight_ns, Ordering::Relaxed);
             if let Some(root) = r.root.as_deref() {
@@ -304,5 +443,37 @@ unsafe fn handle(info: *const SigInfoTimer, uctx: *mut libc::c_void) {
                 root.cpu_ns.fetch_add(weight_ns, Ordering::Relaxed);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ln_unit_matches_libm() {
+        for i in 1..=10_000u32 {
+            let u = f64::from(i) / 10_000.0;
+            assert!((ln_unit(u) - u.ln()).abs() < 1e-6, "ln({u})");
+        }
+        assert!((ln_unit(1e-15) - 1e-15f64.ln()).abs() < 1e-5);
+        assert_eq!(ln_unit(1.0), 0.0);
+    }
+
+    #[test]
+    fn exponential_intervals_have_the_asked_mean() {
+        let ts = ThreadSampler::for_current_thread(8);
+        let mean = 1_000_000u64;
+        let n = 200_000u64;
+        let draws: Vec<u64> = (0..n).map(|_| exp_interval(&ts, mean)).collect();
+        let avg = draws.iter().sum::<u64>() as f64 / n as f64;
+        assert!((avg / mean as f64 - 1.0).abs() < 0.01, "mean {avg}");
+        // Memoryless: the share above the mean is e^-1.
+        let above = draws.iter().filter(|&&d| d > mean).count() as f64 / n as f64;
+        assert!(
+            (above - (-1f64).exp()).abs() < 0.01,
+            "above the mean: {above}"
+        );
+        assert!(draws.iter().all(|&d| (mean / 64..=mean * 8).contains(&d)));
     }
 }

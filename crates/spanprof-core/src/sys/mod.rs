@@ -7,6 +7,7 @@
 //! on in a `// SAFETY:` comment.
 #![allow(unsafe_code)]
 
+mod quarantine;
 pub(crate) mod ring;
 pub(crate) mod slot;
 
@@ -29,6 +30,7 @@ pub use alloc_counter::HandlerAllocCounter;
 pub(crate) use handler::{
     in_signal_handler, install_handler, on_hot_push, set_enabled, uninstall_handler,
 };
+pub use quarantine::{POISON_BYTE, QuarantineAlloc};
 #[cfg(spanprof_sampler)]
 pub(crate) use thread::{ThreadSampler, probe_perf_events};
 #[cfg(spanprof_sampler)]
@@ -62,6 +64,20 @@ pub(crate) fn thread_cpu_time() -> std::time::Duration {
     // SAFETY: `ts` is a valid out-pointer; CLOCK_THREAD_CPUTIME_ID always exists.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// [`thread_cpu_time`] in nanoseconds. Async-signal-safe (one `clock_gettime`).
+#[inline]
+pub(crate) fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer; CLOCK_THREAD_CPUTIME_ID always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
 }
 
 /// CPU time consumed so far by the whole process.

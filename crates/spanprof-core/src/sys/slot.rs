@@ -11,7 +11,7 @@ use std::ptr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
-use crate::labels::{LabelRecord, SpanLabels};
+use crate::labels::LabelRecord;
 
 thread_local! {
     // `const` initialisation and no `Drop`: access is a plain TLS offset, with no lazy
@@ -21,49 +21,90 @@ thread_local! {
 
 #[cfg(tokio_unstable)]
 thread_local! {
-    // Saved slot values of the tokio poll hooks (before/after are separate callbacks).
-    static HOOK_SAVED: Cell<[*const LabelRecord; HOOK_DEPTH]> = const { Cell::new([ptr::null(); HOOK_DEPTH]) };
+    // Saved slot values of the tokio poll hooks (before/after are separate callbacks),
+    // with the key of the task each level polls.
+    static HOOK_SAVED: Cell<[(*const LabelRecord, u64); HOOK_DEPTH]> = const { Cell::new([(ptr::null(), 0); HOOK_DEPTH]) };
     static HOOK_DEPTH_USED: Cell<usize> = const { Cell::new(0) };
+    // Records whose task terminated inside its own poll: released by the after-poll
+    // hook once the slot no longer points at them.
+    static HOOK_DEFERRED: Cell<[*const LabelRecord; HOOK_DEPTH]> = const { Cell::new([ptr::null(); HOOK_DEPTH]) };
 }
 
 #[cfg(tokio_unstable)]
 const HOOK_DEPTH: usize = 8;
 
+/// One detached push: the labels (a strong reference, so they outlive the push), the
+/// slot value to restore, and whether its exit came already (out of order).
+struct DetachedPush {
+    record: Arc<LabelRecord>,
+    prev: *const LabelRecord,
+    exited: bool,
+}
+
+/// This thread's detached pushes (tracing's on_enter / on_exit), oldest first.
+struct DetachedStack(Vec<DetachedPush>);
+
+impl Drop for DetachedStack {
+    fn drop(&mut self) {
+        // The thread is exiting with pushes in: empty the slot before the records
+        // they reference may be freed.
+        if !self.0.is_empty() {
+            restore(ptr::null());
+        }
+    }
+}
+
 thread_local! {
-    // Saved slot values of detached pushes (tracing's on_enter / on_exit).
-    static DETACHED: std::cell::RefCell<Vec<(*const LabelRecord, *const LabelRecord)>> = const { std::cell::RefCell::new(Vec::new()) };
+    static DETACHED: std::cell::RefCell<DetachedStack> = const { std::cell::RefCell::new(DetachedStack(Vec::new())) };
 }
 
 /// Most nested detached pushes per thread; deeper ones are not pushed.
 const DETACHED_DEPTH: usize = 64;
 
-/// Pushes `record` (kept alive by the caller until [`pop_detached`]) and remembers
-/// the previous value. Returns whether `record` is hot.
-pub(crate) fn push_detached(record: &LabelRecord) -> bool {
+/// Pushes `record` and remembers the previous value until [`pop_detached`]. Returns
+/// whether `record` is hot.
+pub(crate) fn push_detached(record: &Arc<LabelRecord>) -> bool {
     let pushed = DETACHED.with(|d| {
-        let mut d = d.borrow_mut();
+        let d = &mut d.borrow_mut().0;
         if d.len() >= DETACHED_DEPTH {
             return false;
         }
-        let prev = replace(record);
-        d.push((record as *const LabelRecord, prev));
+        let prev = replace(Arc::as_ptr(record));
+        d.push(DetachedPush {
+            record: record.clone(),
+            prev,
+            exited: false,
+        });
         true
     });
-    pushed && record.hot.load(std::sync::atomic::Ordering::Relaxed) != 0
+    pushed && record.is_hot()
 }
 
-/// Pops a [`push_detached`] of `record` if it is the newest one on this thread.
+/// Pops the newest [`push_detached`] of `record` on this thread. An exit out of
+/// order (something pushed later is still in) is remembered and carried out once
+/// everything pushed after it is gone, so a record stays referenced for as long as
+/// the slot or a saved value may point at it. Returns whether there was such a push.
 pub(crate) fn pop_detached(record: &LabelRecord) -> bool {
     DETACHED.with(|d| {
-        let mut d = d.borrow_mut();
-        match d.last() {
-            Some(&(top, prev)) if ptr::eq(top, record) => {
-                d.pop();
-                restore(prev);
-                true
+        let d = &mut d.borrow_mut().0;
+        let Some(i) = d
+            .iter()
+            .rposition(|p| !p.exited && ptr::eq(Arc::as_ptr(&p.record), record))
+        else {
+            return false;
+        };
+        d[i].exited = true;
+        // Unwind every exited push on top whose record is what the slot holds.
+        while let Some(top) = d.last() {
+            if !top.exited || current_ptr() != Arc::as_ptr(&top.record) {
+                break;
             }
-            _ => false,
+            let top = d.pop().expect("non-empty");
+            restore(top.prev);
+            // Dropping the record here never re-enters this thread-local.
+            drop(top);
         }
+        true
     })
 }
 
@@ -91,43 +132,45 @@ pub(crate) fn current_ptr() -> *const LabelRecord {
     SLOT.with(|s| s.load(Ordering::Acquire))
 }
 
-/// A new handle to the labels in this thread's slot, if any.
-pub(crate) fn current() -> Option<SpanLabels> {
+/// A new reference to the label record in this thread's slot, if any.
+pub(crate) fn current() -> Option<Arc<LabelRecord>> {
     let p = current_ptr();
     if p.is_null() {
         return None;
     }
-    // SAFETY: 1. Every pointer stored in the slot comes from `Arc::as_ptr` of a
-    // `SpanLabels` (see `crate::slot::push` and the hooks), and the pusher keeps that
-    // `Arc` alive until it restores the previous value, which happens on this thread
-    // after this call returns; so the strong count is at least 1 here.
-    // 2. Incrementing it and then building an `Arc` from the same pointer gives us our
-    // own reference, balanced when the returned `SpanLabels` drops.
+    // SAFETY: 1. Every pointer stored in the slot comes from `Arc::as_ptr` of a label
+    // record (see `crate::slot::push`, the detached pushes and the hooks), and the
+    // pusher keeps a strong reference until it restores the previous value, which
+    // happens on this thread after this call returns; so the strong count is at least
+    // 1 here. 2. Incrementing it and then building an `Arc` from the same pointer gives
+    // us our own reference, balanced when the returned `Arc` drops.
     let record = unsafe {
         Arc::increment_strong_count(p);
         Arc::from_raw(p)
     };
-    Some(SpanLabels { record })
+    Some(record)
 }
 
 #[cfg(tokio_unstable)]
-/// Pushes for a tokio `on_before_task_poll` hook: remembers the previous value in a
-/// small per-thread stack because the matching `on_after_task_poll` is a separate call.
-/// Returns the record's own high period (0: the profiler's) when it is hot.
+/// Pushes for a tokio `on_before_task_poll` hook of the task with key `task`:
+/// remembers the previous value in a small per-thread stack because the matching
+/// `on_after_task_poll` is a separate call. Returns the record's own high period (0:
+/// the profiler's) when it is hot.
 ///
 /// `record` must be null or a record kept alive (by a strong reference) until the
-/// matching [`hook_pop`].
-pub(crate) fn hook_push(record: *const LabelRecord) -> Option<u64> {
+/// matching [`hook_pop`] ([`hook_release`] defers a release that would come sooner).
+pub(crate) fn hook_push(record: *const LabelRecord, task: u64) -> Option<u64> {
     let prev = replace(record);
     // SAFETY: the caller keeps a non-null `record` alive until `hook_pop` (the task
-    // table holds a strong reference until the task terminates).
+    // table holds a strong reference until the task terminates, and a release at
+    // terminate inside this poll is deferred to `hook_pop`).
     let hot = unsafe { record.as_ref() }
-        .filter(|r| r.hot.load(std::sync::atomic::Ordering::Relaxed) != 0)
+        .filter(|r| r.is_hot())
         .map(|r| r.high_ns);
     let depth = HOOK_DEPTH_USED.get();
     if depth < HOOK_DEPTH {
         let mut saved = HOOK_SAVED.get();
-        saved[depth] = prev;
+        saved[depth] = (prev, task);
         HOOK_SAVED.set(saved);
     }
     HOOK_DEPTH_USED.set(depth + 1);
@@ -135,7 +178,8 @@ pub(crate) fn hook_push(record: *const LabelRecord) -> Option<u64> {
 }
 
 #[cfg(tokio_unstable)]
-/// The `on_after_task_poll` half of [`hook_push`].
+/// The `on_after_task_poll` half of [`hook_push`]; releases the records whose tasks
+/// terminated inside the poll once the outermost hooked poll is over.
 pub(crate) fn hook_pop() {
     let depth = HOOK_DEPTH_USED.get();
     if depth == 0 {
@@ -144,12 +188,52 @@ pub(crate) fn hook_pop() {
     let depth = depth - 1;
     HOOK_DEPTH_USED.set(depth);
     let prev = if depth < HOOK_DEPTH {
-        HOOK_SAVED.get()[depth]
+        HOOK_SAVED.get()[depth].0
     } else {
         ptr::null()
     };
     restore(prev);
+    if depth == 0 {
+        let deferred = HOOK_DEFERRED.replace([ptr::null(); HOOK_DEPTH]);
+        for p in deferred {
+            release_raw(p);
+        }
+    }
 }
+
+#[cfg(tokio_unstable)]
+/// Releases the table's reference to `record` for the terminating task `task`. tokio
+/// runs the terminate hook inside the task's final poll, before the after-poll hook,
+/// while this thread's slot (or a saved value) may still point at the record: then
+/// the release waits for [`hook_pop`]. A task terminated outside its own poll
+/// (aborted while idle, runtime shutdown) is in no slot, and is released now.
+pub(crate) fn hook_release(record: *const LabelRecord, task: u64) {
+    if record.is_null() {
+        return;
+    }
+    let depth = HOOK_DEPTH_USED.get();
+    let saved = HOOK_SAVED.get();
+    let in_poll = depth > HOOK_DEPTH || saved[..depth].iter().any(|&(_, t)| t == task);
+    if in_poll {
+        let mut deferred = HOOK_DEFERRED.get();
+        if let Some(free) = deferred.iter_mut().find(|p| p.is_null()) {
+            *free = record;
+            HOOK_DEFERRED.set(deferred);
+            return;
+        }
+        // More terminations inside one poll than levels of nesting: only possible
+        // beyond the saved depth. Keep the record (a bounded leak) rather than free
+        // what a slot may still point at.
+        LEAKED_AT_TERMINATE.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    release_raw(record);
+}
+
+#[cfg(tokio_unstable)]
+/// Records kept alive for good because a termination could not be deferred.
+pub(crate) static LEAKED_AT_TERMINATE: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
 
 #[cfg(tokio_unstable)]
 /// Takes a strong reference to the record in this thread's slot and returns it as

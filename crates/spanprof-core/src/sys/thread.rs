@@ -29,11 +29,29 @@ pub(crate) struct ThreadSampler {
     pub(crate) perf_since_tick: AtomicU32,
     pub(crate) baseline_ns: AtomicU64,
     pub(crate) high_ns: AtomicU64,
-    /// The period the perf event (or, in timer mode, the timer) runs at now.
+    /// Timer mode: the period the timer runs at now.
     pub(crate) current_period_ns: AtomicU64,
+    /// Perf mode: the mean of the random interval the event is counting now (what
+    /// its next sample stands for).
+    pub(crate) perf_nominal_ns: AtomicU64,
+    /// Perf mode: the mean for which the next interval was already set in the kernel
+    /// while the event was off (0: none; the next arm sets one).
+    pub(crate) perf_preset_ns: AtomicU64,
+    /// Perf mode: the interval programmed at the last arm (or preset), ns.
+    pub(crate) perf_interval_ns: AtomicU64,
+    /// Perf mode: the thread's CPU time when the event was last armed, ns.
+    pub(crate) perf_armed_at_ns: AtomicU64,
+    /// Perf mode: average dead time of a hot sample (overflow to re-arm), ns.
+    pub(crate) perf_dead_avg_ns: AtomicU64,
+    /// Perf samples that landed in cold work and were dropped (the timer covers it).
+    pub(crate) perf_cold: AtomicU64,
+    /// xorshift64 state for the random intervals (only this thread uses it).
+    pub(crate) rng: AtomicU64,
     pub(crate) samples: AtomicU64,
     pub(crate) superseded: AtomicU64,
     pub(crate) truncated: AtomicU64,
+    /// Samples of work whose span had ended (written as detached).
+    pub(crate) detached: AtomicU64,
     pub(crate) rearm_failed: AtomicU64,
     pub(crate) retired: AtomicBool,
 }
@@ -73,9 +91,22 @@ impl ThreadSampler {
             baseline_ns: AtomicU64::new(0),
             high_ns: AtomicU64::new(0),
             current_period_ns: AtomicU64::new(0),
+            perf_nominal_ns: AtomicU64::new(0),
+            perf_preset_ns: AtomicU64::new(0),
+            perf_interval_ns: AtomicU64::new(0),
+            perf_armed_at_ns: AtomicU64::new(0),
+            perf_dead_avg_ns: AtomicU64::new(0),
+            perf_cold: AtomicU64::new(0),
+            // Any non-zero seed; the thread id and the clock keep threads apart.
+            rng: AtomicU64::new(
+                (u64::from(tid as u32) << 32
+                    ^ super::monotonic_now_ns().wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                    | 1,
+            ),
             samples: AtomicU64::new(0),
             superseded: AtomicU64::new(0),
             truncated: AtomicU64::new(0),
+            detached: AtomicU64::new(0),
             rearm_failed: AtomicU64::new(0),
             retired: AtomicBool::new(false),
         })
@@ -107,10 +138,10 @@ impl ThreadSampler {
         self.timer_high.store(false, Ordering::Relaxed);
         self.perf_armed.store(false, Ordering::Relaxed);
         let mut mechanism = Mechanism::Timer;
-        self.current_period_ns.store(
-            if use_perf { high_ns } else { baseline_ns },
-            Ordering::Relaxed,
-        );
+        self.current_period_ns.store(baseline_ns, Ordering::Relaxed);
+        self.perf_nominal_ns.store(high_ns, Ordering::Relaxed);
+        self.perf_preset_ns.store(0, Ordering::Relaxed);
+        self.perf_interval_ns.store(high_ns, Ordering::Relaxed);
         if use_perf {
             match perf::open(self.tid, high_ns, handler::SIGNAL) {
                 Ok(fd) => {

@@ -17,6 +17,8 @@ pub(crate) struct ThreadSampler {
     pub(crate) samples: AtomicU64,
     pub(crate) superseded: AtomicU64,
     pub(crate) truncated: AtomicU64,
+    pub(crate) detached: AtomicU64,
+    pub(crate) perf_cold: AtomicU64,
     pub(crate) rearm_failed: AtomicU64,
     pub(crate) retired: AtomicBool,
 }
@@ -29,6 +31,8 @@ impl ThreadSampler {
             samples: AtomicU64::new(0),
             superseded: AtomicU64::new(0),
             truncated: AtomicU64::new(0),
+            detached: AtomicU64::new(0),
+            perf_cold: AtomicU64::new(0),
             rearm_failed: AtomicU64::new(0),
             retired: AtomicBool::new(false),
         })

@@ -21,7 +21,7 @@ pub struct RawSample {
     /// A gzip'd pprof `profile.proto`.
     #[prost(bytes = "vec", tag = "1")]
     pub raw_profile: ::prost::alloc::vec::Vec<u8>,
-    /// A unique id of this profile.
+    /// A unique id of this profile: a UUID (Pyroscope's ingester parses it as one).
     #[prost(string, tag = "2")]
     pub id: ::prost::alloc::string::String,
 }

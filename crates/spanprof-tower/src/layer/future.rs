@@ -1,5 +1,6 @@
-//! The response future and body: labels pushed around every poll of both, with
-//! exact poll accounting, so streaming responses stay attributed to their request.
+//! The response future and body: labels pushed around every poll of both, and
+//! around their drop, with exact poll accounting, so streaming responses stay
+//! attributed to their request and a cancelled request's destructors run labelled.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -14,14 +15,19 @@ pin_project_lite::pin_project! {
     /// request's labels pushed, then hands them to the response body.
     pub struct ResponseFuture<F> {
         #[pin]
-        inner: F,
+        inner: Option<F>,
         profile: Option<RequestProfile>,
     }
 
     impl<F> PinnedDrop for ResponseFuture<F> {
         fn drop(this: Pin<&mut Self>) {
-            // Cancelled before the response: still publish what was measured.
-            if let Some(p) = this.project().profile.as_ref() {
+            let mut this = this.project();
+            // Cancelled before the response (a timeout, a client gone): the inner
+            // future's destructors are the request's work too, and what was measured
+            // is still published.
+            if let Some(p) = this.profile.as_ref() {
+                let _labels = p.labels.enter();
+                this.inner.set(None);
                 p.publish();
             }
         }
@@ -30,7 +36,10 @@ pin_project_lite::pin_project! {
 
 impl<F> ResponseFuture<F> {
     pub(crate) fn new(inner: F, profile: Option<RequestProfile>) -> Self {
-        ResponseFuture { inner, profile }
+        ResponseFuture {
+            inner: Some(inner),
+            profile,
+        }
     }
 }
 
@@ -48,7 +57,10 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let inner = this.inner;
+        let inner = this
+            .inner
+            .as_pin_mut()
+            .expect("ResponseFuture polled after completion");
         let out = match this.profile.as_mut() {
             Some(p) => p.poll(|| inner.poll(cx)),
             None => inner.poll(cx),
@@ -62,7 +74,7 @@ where
                     p.publish();
                 }
                 Poll::Ready(Ok(response.map(|body| ProfiledBody {
-                    inner: body,
+                    inner: Some(body),
                     profile,
                 })))
             }
@@ -75,13 +87,16 @@ pin_project_lite::pin_project! {
     /// such as gRPC server streams, stay labelled for the life of the stream).
     pub struct ProfiledBody<B> {
         #[pin]
-        inner: B,
+        inner: Option<B>,
         profile: Option<RequestProfile>,
     }
 
     impl<B> PinnedDrop for ProfiledBody<B> {
         fn drop(this: Pin<&mut Self>) {
-            if let Some(p) = this.project().profile.as_ref() {
+            let mut this = this.project();
+            if let Some(p) = this.profile.as_ref() {
+                let _labels = p.labels.enter();
+                this.inner.set(None);
                 p.publish();
             }
         }
@@ -103,7 +118,9 @@ impl<B: Body> Body for ProfiledBody<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = self.project();
-        let inner = this.inner;
+        let Some(inner) = this.inner.as_pin_mut() else {
+            return Poll::Ready(None);
+        };
         match this.profile.as_mut() {
             Some(p) => {
                 let out = p.poll(|| inner.poll_frame(cx));
@@ -118,10 +135,12 @@ impl<B: Body> Body for ProfiledBody<B> {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
     }
 }

@@ -16,8 +16,11 @@ use std::sync::{Arc, LazyLock};
 use spanprof_core::{Hotness, PollStats, Profiler, SpanLabels};
 
 pub use future::{ProfiledBody, ResponseFuture};
-pub use make_route::{DefaultRoute, GrpcRoute, MakeRoute, UNMATCHED_ROUTE};
+pub use make_route::{
+    DEFAULT_MAX_ROUTES, DefaultRoute, GrpcRoute, MakeRoute, UNKNOWN_ROUTE, UNMATCHED_ROUTE,
+};
 pub use service::ProfileCorrelation;
+pub use trace_context::extract_trace_context;
 
 use crate::policy::{ConfigError, Policies, PolicyConfig, ProfileScope, RoutePolicy};
 use crate::registry;
@@ -94,6 +97,12 @@ impl ProfileCorrelationLayer<GrpcRoute> {
 }
 
 impl<R> ProfileCorrelationLayer<R> {
+    /// Requests labelled [`UNKNOWN_ROUTE`] because this layer had already named its
+    /// bound of distinct routes ([`ProfileCorrelationLayerBuilder::max_routes`]).
+    pub fn unknown_routes(&self) -> u64 {
+        self.correlator.routes.unknown()
+    }
+
     /// Replaces how routes are named (for example a closure for plain hyper servers).
     pub fn make_route<R2>(self, make_route: R2) -> ProfileCorrelationLayer<R2> {
         ProfileCorrelationLayer {
@@ -121,6 +130,7 @@ pub struct ProfileCorrelationLayerBuilder {
     scope: Option<ProfileScope>,
     config: Option<PolicyConfig>,
     profiler: Option<Profiler>,
+    max_routes: Option<usize>,
 }
 
 impl ProfileCorrelationLayerBuilder {
@@ -152,6 +162,17 @@ impl ProfileCorrelationLayerBuilder {
     /// Policies from configuration; routes set in code as well override it.
     pub fn config(mut self, config: PolicyConfig) -> Self {
         self.config = Some(config);
+        self
+    }
+
+    /// The most distinct span names (`METHOD route`, or the gRPC method path) this
+    /// layer hands out; requests of routes new past it are labelled [`UNKNOWN_ROUTE`]
+    /// (counted: [`ProfileCorrelationLayer::unknown_routes`], with one warning). Names
+    /// are never forgotten (see `spanprof::intern_stats`), so this keeps a client
+    /// that makes up paths or gRPC methods from using them all. Defaults to
+    /// [`DEFAULT_MAX_ROUTES`] (512). At least 1.
+    pub fn max_routes(mut self, max: usize) -> Self {
+        self.max_routes = Some(max);
         self
     }
 
@@ -202,10 +223,18 @@ impl ProfileCorrelationLayerBuilder {
                 p.capabilities().baseline_hz
             });
         policies.validate(baseline)?;
+        let max_routes = self.max_routes.unwrap_or(DEFAULT_MAX_ROUTES);
+        if max_routes == 0 {
+            return Err(ConfigError {
+                field: "max_routes".to_owned(),
+                reason: "must be at least 1".to_owned(),
+            });
+        }
         registry::set_scope(scope);
         Ok(ProfileCorrelationLayer {
             correlator: Correlator {
                 policies: Arc::new(policies),
+                routes: Arc::new(make_route::RouteNames::new(max_routes)),
                 _profiler: profiler,
             },
             make_route: DefaultRoute,
@@ -217,6 +246,7 @@ impl ProfileCorrelationLayerBuilder {
 #[derive(Clone, Debug)]
 pub(crate) struct Correlator {
     policies: Arc<Policies>,
+    routes: Arc<make_route::RouteNames>,
     /// Keeps the profiler this layer was built against.
     _profiler: Option<Profiler>,
 }
@@ -264,8 +294,13 @@ impl Correlator {
         request: &http::Request<B>,
         route: Option<Cow<'static, str>>,
     ) -> Option<RequestProfile> {
-        let route = route.unwrap_or(Cow::Borrowed(UNMATCHED_ROUTE));
-        let method = request.method().as_str();
+        let grpc = make_route::is_grpc(request.headers());
+        let method = make_route::method_name(request.method());
+        let (route, span_name) = self.routes.admit(
+            method,
+            route.unwrap_or(Cow::Borrowed(UNMATCHED_ROUTE)),
+            grpc,
+        );
         let policy = self.policies.lookup(method, &route)?;
         let trace = trace_context::current(request.headers());
         let decision_id = if trace.trace_id != 0 {
@@ -274,11 +309,6 @@ impl Correlator {
             u128::from(trace.span_id)
         };
         let hot = policy.decide(decision_id, trace.sampled);
-        let span_name = if make_route::is_grpc(request.headers()) {
-            route.to_string()
-        } else {
-            format!("{method} {route}")
-        };
         let mut b = SpanLabels::builder()
             .trace_id(trace.trace_id)
             .span_id(trace.span_id)

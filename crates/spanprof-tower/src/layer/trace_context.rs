@@ -1,6 +1,8 @@
 //! Where a request's trace identity comes from: the OpenTelemetry context of the
 //! current `tracing` span (tracing-opentelemetry), else an incoming W3C
-//! `traceparent` header (parsed by OpenTelemetry's own propagator), else none.
+//! `traceparent` header (checked against the W3C's rules, then parsed by
+//! OpenTelemetry's own propagator), else none. [`extract_trace_context`] offers the
+//! same strict extraction to services that make their own server spans.
 
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::TraceContextExt;
@@ -68,6 +70,36 @@ fn traceparent_shape_ok(v: &str) -> bool {
         && rest_ok
 }
 
+/// The caller's trace context from `traceparent` / `tracestate`, parsed strictly as
+/// the [W3C Trace Context](https://www.w3.org/TR/trace-context/) says: a header that
+/// breaks its rules is ignored and the result is an empty context (the request
+/// starts a new trace), as the W3C requires.
+///
+/// OpenTelemetry's `TraceContextPropagator` reads ids as numbers and versions as any
+/// hex, so it honours headers such as `00-1-2-01` (trace id 1, span id 2), 16-hex
+/// trace ids, one- or three-digit versions and flags, `+`-signed fields and a
+/// trailing `-`. This function first checks the header's shape — two lowercase hex
+/// digits of version (not `ff`), 32 of trace id, 16 of span id, two of flags; for
+/// version `00` nothing after the flags — and hands only well-formed headers (of at
+/// most 1 024 bytes) to the propagator, which rejects all-zero ids. It is what
+/// [`ProfileCorrelationLayer`](crate::ProfileCorrelationLayer) uses; call it where
+/// you make a request's server span yourself:
+///
+/// ```
+/// use tracing_opentelemetry::OpenTelemetrySpanExt;
+///
+/// let mut headers = http::HeaderMap::new();
+/// headers.insert("traceparent", "00-1-2-01".parse().unwrap());
+/// let span = tracing::info_span!("request");
+/// let _ = span.set_parent(spanprof_tower::extract_trace_context(&headers)); // ignored: not W3C
+/// ```
+pub fn extract_trace_context(headers: &http::HeaderMap) -> opentelemetry::Context {
+    if !headers.contains_key("traceparent") {
+        return opentelemetry::Context::new();
+    }
+    TraceContextPropagator::new().extract(&Headers(headers))
+}
+
 fn new_span_id() -> u64 {
     u64::from_be_bytes(RandomIdGenerator::default().new_span_id().to_bytes())
 }
@@ -89,7 +121,7 @@ pub(crate) fn current(headers: &http::HeaderMap) -> RequestTrace {
         }
     }
     if headers.contains_key("traceparent") {
-        let cx = TraceContextPropagator::new().extract(&Headers(headers));
+        let cx = extract_trace_context(headers);
         let sc = cx.span().span_context().clone();
         if sc.is_valid() {
             return RequestTrace {
@@ -112,7 +144,82 @@ pub(crate) fn current(headers: &http::HeaderMap) -> RequestTrace {
 
 #[cfg(test)]
 mod tests {
-    use super::traceparent_shape_ok;
+    use opentelemetry::trace::TraceContextExt;
+
+    use super::{extract_trace_context, traceparent_shape_ok};
+
+    /// The remote span context `traceparent` gives, if honoured.
+    fn honoured(traceparent: &str) -> Option<(String, String, bool)> {
+        let mut headers = http::HeaderMap::new();
+        headers.insert("traceparent", traceparent.parse().unwrap());
+        headers.insert("tracestate", "vendor=value".parse().unwrap());
+        let cx = extract_trace_context(&headers);
+        let sc = cx.span().span_context().clone();
+        sc.is_valid().then(|| {
+            (
+                sc.trace_id().to_string(),
+                sc.span_id().to_string(),
+                sc.is_sampled(),
+            )
+        })
+    }
+
+    const T: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    const S: &str = "00f067aa0ba902b7";
+
+    #[test]
+    fn extraction_ignores_what_the_w3c_says_to_ignore() {
+        let malformed = [
+            "00-1-2-01".to_owned(),
+            format!("00-{}-{S}-01", &T[..16]),
+            format!("0-{T}-{S}-01"),
+            format!("000-{T}-{S}-01"),
+            format!("+0-{T}-{S}-01"),
+            format!("00-{}-{S}-01", &T[1..]),
+            format!("00-+{}-{S}-01", &T[1..]),
+            format!("00-{T}-{}-01", &S[..8]),
+            format!("00-{T}-+{}-01", &S[1..]),
+            format!("00-{T}-{S}-1"),
+            format!("00-{T}-{S}-001"),
+            format!("00-{T}-{S}-01-"),
+            format!("00-{T}-{S}-01-extra"),
+            format!("00-{}-{S}-01", T.to_uppercase()),
+            format!("00-{T}-{S}-0B"),
+            format!("ff-{T}-{S}-01"),
+            format!("00-{}-{S}-01", "0".repeat(32)),
+            format!("00-{T}-{}-01", "0".repeat(16)),
+            format!("00-{T}-{S}"),
+            String::new(),
+        ];
+        for h in &malformed {
+            assert_eq!(honoured(h), None, "`{h}`");
+        }
+        let mut none = http::HeaderMap::new();
+        none.insert("tracestate", "vendor=value".parse().unwrap());
+        assert!(
+            !extract_trace_context(&none)
+                .span()
+                .span_context()
+                .is_valid()
+        );
+    }
+
+    #[test]
+    fn extraction_honours_w3c_headers() {
+        for (h, sampled) in [
+            (format!("00-{T}-{S}-01"), true),
+            (format!("00-{T}-{S}-00"), false),
+            (format!("00-{T}-{S}-03"), true),
+            (format!("cc-{T}-{S}-01-what-the-future-will-be-like"), true),
+            (format!("01-{T}-{S}-09"), true),
+        ] {
+            assert_eq!(
+                honoured(&h),
+                Some((T.to_owned(), S.to_owned(), sampled)),
+                "`{h}`"
+            );
+        }
+    }
 
     #[test]
     fn traceparent_shapes() {
