@@ -23,7 +23,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 ///
 /// This sets the builder's `on_thread_start` / `on_thread_stop` callbacks (and the
 /// task hooks), replacing any set before; call [`on_thread_start`] /
-/// [`on_thread_stop`] from your own callbacks to combine them.
+/// [`on_thread_stop`] from your own callbacks to combine them. `#[tokio::main]`
+/// builds its runtime itself and cannot call this: build the runtime yourself.
+///
+/// Without `--cfg tokio_unstable` tokio has no task hooks: this logs one warning
+/// ([`crate::setup::NO_TOKIO_UNSTABLE`]) saying that spawned tasks will not inherit
+/// labels, and how to add the cfg.
 ///
 /// ```
 /// let mut builder = tokio::runtime::Builder::new_multi_thread();
@@ -34,6 +39,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub fn install_runtime_hooks(
     builder: &mut tokio::runtime::Builder,
 ) -> &mut tokio::runtime::Builder {
+    crate::setup::runtime_hooks_installed();
     builder.on_thread_start(on_thread_start);
     builder.on_thread_stop(on_thread_stop);
     #[cfg(tokio_unstable)]

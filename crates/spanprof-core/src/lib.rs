@@ -14,6 +14,7 @@ mod labels;
 pub mod pprof;
 mod profile;
 mod sampler;
+pub mod setup;
 mod slot;
 mod store;
 mod symbolize;

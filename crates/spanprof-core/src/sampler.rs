@@ -178,6 +178,47 @@ impl ProfilerBuilder {
         self
     }
 
+    /// Takes the rates from the environment where set: `SPANPROF_BASELINE_HZ` and
+    /// `SPANPROF_HIGH_HZ` (whole numbers of Hz, the same bounds as
+    /// [`ProfilerBuilder::baseline_hz`] and [`ProfilerBuilder::high_hz`]); settings
+    /// made after this call win. A value that is not a number is an error naming the
+    /// variable; [`Profiler::current_or_start`] (what the layers use when no profiler
+    /// runs) reads them.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), spanprof_core::ProfilerError> {
+    /// let builder = spanprof_core::Profiler::builder().from_env()?;
+    /// # drop(builder);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn from_env(self) -> Result<Self, ProfilerError> {
+        self.from_vars(|k| std::env::var(k).ok())
+    }
+
+    pub(crate) fn from_vars(
+        mut self,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ProfilerError> {
+        let hz = |name: &'static str| -> Result<Option<u32>, ProfilerError> {
+            let Some(v) = var(name) else { return Ok(None) };
+            v.trim()
+                .parse::<u32>()
+                .map(Some)
+                .map_err(|_| ProfilerError::InvalidConfig {
+                    field: name,
+                    reason: format!("`{v}` is not a whole number of Hz"),
+                })
+        };
+        if let Some(b) = hz("SPANPROF_BASELINE_HZ")? {
+            self.baseline_hz = b;
+        }
+        if let Some(h) = hz("SPANPROF_HIGH_HZ")? {
+            self.high_hz = h;
+        }
+        Ok(self)
+    }
+
     /// Bounds of the span profile store. Defaults to [`StoreConfig::default`].
     pub fn store(mut self, store: StoreConfig) -> Self {
         self.store = store;
@@ -285,6 +326,7 @@ fn start_platform(cfg: ProfilerBuilder) -> Result<Arc<ProfilerInner>, ProfilerEr
         effective_high_hz,
         max_high_hz,
     };
+    crate::setup::check_frame_pointers(sys::frame_pointers_present());
     if let Some((lo, hi)) = crate::symbolize::executable_text() {
         sys::set_frame_pointer_text(lo as usize, hi as usize);
     }
@@ -471,12 +513,13 @@ impl Profiler {
             .map(|inner| Profiler { inner })
     }
 
-    /// The running profiler, or a new one with the default configuration.
+    /// The running profiler, or a new one with the default configuration and the
+    /// rates of the environment ([`ProfilerBuilder::from_env`]).
     pub fn current_or_start() -> Result<Profiler, ProfilerError> {
         if let Some(p) = Profiler::current() {
             return Ok(p);
         }
-        match ProfilerBuilder::new().start() {
+        match ProfilerBuilder::new().from_env()?.start() {
             Err(ProfilerError::AlreadyRunning) => {
                 Profiler::current().ok_or(ProfilerError::AlreadyRunning)
             }
@@ -720,6 +763,14 @@ pub fn register_current_thread() -> bool {
     }
 }
 
+#[cold]
+#[inline(never)]
+fn register_lazily() {
+    if register_current_thread() {
+        crate::setup::thread_registered_lazily();
+    }
+}
+
 /// Stops sampling the calling thread and releases its timer and perf event. Its
 /// last samples are still collected.
 pub fn deregister_current_thread() {
@@ -754,7 +805,7 @@ fn ring_capacity_hint() -> usize {
 #[inline(always)]
 pub(crate) fn ensure_thread_registered() {
     if REG_STATE.with(|s| s.get()) == 0 && PROFILING.load(Ordering::Relaxed) {
-        register_current_thread();
+        register_lazily();
     }
 }
 
@@ -764,4 +815,37 @@ pub(crate) fn on_hot_push(label_high_ns: u64) {
     sys::on_hot_push(label_high_ns);
     #[cfg(not(spanprof_sampler))]
     let _ = label_high_ns;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_come_from_the_environment_and_bad_values_name_the_variable() {
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        let b = ProfilerBuilder::new()
+            .from_vars(vars(&[
+                ("SPANPROF_BASELINE_HZ", "49"),
+                ("SPANPROF_HIGH_HZ", " 2000 "),
+            ]))
+            .unwrap();
+        assert_eq!((b.baseline_hz, b.high_hz), (49, 2000));
+        let b = ProfilerBuilder::new().from_vars(vars(&[])).unwrap();
+        assert_eq!(
+            (b.baseline_hz, b.high_hz),
+            (DEFAULT_BASELINE_HZ, DEFAULT_HIGH_HZ)
+        );
+        let e = ProfilerBuilder::new()
+            .from_vars(vars(&[("SPANPROF_HIGH_HZ", "1kHz")]))
+            .unwrap_err();
+        assert!(e.to_string().contains("SPANPROF_HIGH_HZ"), "{e}");
+    }
 }

@@ -58,7 +58,7 @@ where
 
     fn call(&self, request: http::Request<B>) -> Self::Future {
         let route = (self.route)(&request).map(Cow::Owned);
-        let mut profile = self.correlator.begin(&request, route);
+        let mut profile = self.correlator.begin(&request, route, true);
         let inner = match profile.as_mut() {
             Some(p) => p.poll(|| self.inner.call(request)),
             None => self.inner.call(request),

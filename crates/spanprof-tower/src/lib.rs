@@ -5,6 +5,7 @@ mod layer;
 mod policy;
 mod processor;
 mod registry;
+mod setup;
 mod tracing_layer;
 
 #[cfg(feature = "hyper")]

@@ -293,13 +293,79 @@ pub struct PolicyConfig {
     pub scope: Option<ProfileScope>,
 }
 
+impl PolicyConfig {
+    /// The policy from the environment, `None` when no variable is set:
+    ///
+    /// | variable | meaning |
+    /// |---|---|
+    /// | `SPANPROF_POLICY` | a whole [`PolicyConfig`] as JSON (the format above) |
+    /// | `SPANPROF_SAMPLE_RATE` | the default policy's `sample_rate` (`0.05`) |
+    /// | `SPANPROF_SLOW_AFTER` | the default policy's `slow_after` (`"250ms"`, `"never"`) |
+    /// | `SPANPROF_DISABLED_ROUTES` | routes never profiled, comma-separated (`/health,/metrics`) |
+    ///
+    /// The single variables override the same settings in `SPANPROF_POLICY`.
+    /// [`crate::ProfileCorrelationLayerBuilder::build`] reads them under whatever
+    /// the code configures (code wins); errors name the variable.
+    ///
+    /// ```
+    /// let from_env = spanprof_tower::PolicyConfig::from_env().unwrap();
+    /// # drop(from_env);
+    /// ```
+    pub fn from_env() -> Result<Option<PolicyConfig>, ConfigError> {
+        Self::from_vars(|k| std::env::var(k).ok())
+    }
+
+    pub(crate) fn from_vars(
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<PolicyConfig>, ConfigError> {
+        let policy = var("SPANPROF_POLICY");
+        let rate = var("SPANPROF_SAMPLE_RATE");
+        let slow = var("SPANPROF_SLOW_AFTER");
+        let disabled = var("SPANPROF_DISABLED_ROUTES");
+        if policy.is_none() && rate.is_none() && slow.is_none() && disabled.is_none() {
+            return Ok(None);
+        }
+        let mut cfg = match policy {
+            Some(json) => serde_json::from_str::<PolicyConfig>(&json)
+                .map_err(|e| err("SPANPROF_POLICY", e.to_string()))?,
+            None => PolicyConfig::default(),
+        };
+        if rate.is_some() || slow.is_some() {
+            let d = cfg.default.get_or_insert_with(RoutePolicyConfig::default);
+            if let Some(r) = rate {
+                let r: f64 = r
+                    .trim()
+                    .parse()
+                    .map_err(|_| err("SPANPROF_SAMPLE_RATE", format!("`{r}` is not a number")))?;
+                d.sample_rate = Some(r);
+            }
+            if let Some(v) = slow {
+                let v = serde_json::Value::String(v.trim().to_owned());
+                parse_slow_after("SPANPROF_SLOW_AFTER", &v)?;
+                d.slow_after = Some(v);
+            }
+        }
+        if let Some(list) = disabled {
+            cfg.disabled.extend(
+                list.split(',')
+                    .map(str::trim)
+                    .filter(|r| !r.is_empty())
+                    .map(str::to_owned),
+            );
+        }
+        Ok(Some(cfg))
+    }
+}
+
 /// One route's policy as configuration; unset fields take the defaults.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RoutePolicyConfig {
     /// See [`RoutePolicy::sample_rate`].
     pub sample_rate: Option<f64>,
-    /// See [`RoutePolicy::slow_after`]: a duration string, or `"never"`.
+    /// See [`RoutePolicy::slow_after`]: a duration string with its unit (`"250ms"`,
+    /// `"1.5s"`), a JSON number of milliseconds (`250`), or `"never"`. A string
+    /// without a unit (`"250"`) is refused.
     pub slow_after: Option<serde_json::Value>,
     /// See [`RoutePolicy::high_rate_hz`].
     pub high_rate_hz: Option<i64>,
@@ -345,7 +411,8 @@ fn parse_slow_after(field: &str, v: &serde_json::Value) -> Result<Option<Duratio
     }
 }
 
-/// Parses `"300ms"`, `"1.5s"`, `"2m"`, `"500us"`, `"100ns"`.
+/// Parses `"300ms"`, `"1.5s"`, `"2m"`, `"500us"`, `"100ns"`. A number without a unit
+/// is refused (is `"250"` milliseconds or seconds?), except `"0"`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s
@@ -364,7 +431,13 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "ns" => value / 1e9,
         "us" | "µs" => value / 1e6,
         "ms" => value / 1e3,
-        "s" | "" => value,
+        "s" => value,
+        "" if value == 0.0 => 0.0,
+        "" => {
+            return Err(format!(
+                "`{s}` has no unit: write \"{num}ms\" or \"{num}s\" (a JSON number, unquoted, is milliseconds)"
+            ));
+        }
         "m" | "min" => value * 60.0,
         other => {
             return Err(format!(
@@ -401,6 +474,49 @@ mod tests {
         assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
         assert!(parse_duration("-5ms").unwrap_err().contains("negative"));
         assert!(parse_duration("5 parsecs").is_err());
+        // Unitless is ambiguous (a JSON number means milliseconds): refused, naming both.
+        let e = parse_duration("250").unwrap_err();
+        assert!(e.contains("\"250ms\"") && e.contains("\"250s\""), "{e}");
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+    }
+
+    #[test]
+    fn policy_from_the_environment() {
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        assert!(PolicyConfig::from_vars(vars(&[])).unwrap().is_none());
+        let cfg = PolicyConfig::from_vars(vars(&[
+            (
+                "SPANPROF_POLICY",
+                r#"{"routes": {"/hash": {"sample_rate": 1.0}}}"#,
+            ),
+            ("SPANPROF_SAMPLE_RATE", "0.2"),
+            ("SPANPROF_SLOW_AFTER", "250ms"),
+            ("SPANPROF_DISABLED_ROUTES", "/health, /metrics"),
+        ]))
+        .unwrap()
+        .unwrap();
+        let d = cfg.default.as_ref().unwrap().to_policy("default").unwrap();
+        assert_eq!(d.sample_rate, 0.2);
+        assert_eq!(d.slow_after, Some(Duration::from_millis(250)));
+        assert_eq!(cfg.disabled, ["/health", "/metrics"]);
+        assert!(cfg.routes.contains_key("/hash"));
+        for (var, value) in [
+            ("SPANPROF_SAMPLE_RATE", "often"),
+            ("SPANPROF_SLOW_AFTER", "250"),
+            ("SPANPROF_POLICY", "{\"rutes\": {}}"),
+        ] {
+            let pairs: &'static [(&'static str, &'static str)] =
+                Box::leak(Box::new([(var, value)]));
+            let e = PolicyConfig::from_vars(vars(pairs)).unwrap_err();
+            assert_eq!(e.field, var, "{e}");
+        }
     }
 
     #[test]

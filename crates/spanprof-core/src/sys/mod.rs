@@ -34,7 +34,7 @@ pub use quarantine::{POISON_BYTE, QuarantineAlloc};
 #[cfg(spanprof_sampler)]
 pub(crate) use thread::{ThreadSampler, probe_perf_events};
 #[cfg(spanprof_sampler)]
-pub(crate) use unwind::set_frame_pointer_text;
+pub(crate) use unwind::{frame_pointers_present, set_frame_pointer_text};
 
 #[cfg(not(spanprof_sampler))]
 mod unsupported;

@@ -188,7 +188,7 @@ impl Drop for ThreadSampler {
 }
 
 /// The calling thread's stack as `[lo, hi)`.
-fn current_stack_bounds() -> Option<(usize, usize)> {
+pub(crate) fn current_stack_bounds() -> Option<(usize, usize)> {
     // SAFETY: `attr` is initialised by pthread_getattr_np before use and destroyed
     // once; the out-pointers are valid.
     unsafe {

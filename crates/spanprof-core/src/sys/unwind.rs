@@ -146,3 +146,57 @@ pub(crate) unsafe fn walk(
     let more = fp >= lo && fp.is_multiple_of(std::mem::align_of::<usize>()) && fp <= stack_hi - 16;
     (n, more)
 }
+
+/// Whether the code of this crate was compiled with frame pointers (and so, as
+/// `RUSTFLAGS` apply to every crate of a build, probably the service's too): a
+/// function reads its own frame pointer and checks that the return address in that
+/// frame record points into its caller. `None` where this cannot be checked (not
+/// x86_64, stack bounds unknown).
+pub(crate) fn frame_pointers_present() -> Option<bool> {
+    fp_probe_outer(std::hint::black_box(1))
+}
+
+#[inline(never)]
+fn fp_probe_outer(x: usize) -> Option<bool> {
+    let r = fp_probe_inner(x);
+    // Used after the call, so the call is not a tail call (which would leave the
+    // return address in `frame_pointers_present`).
+    std::hint::black_box(r)
+}
+
+#[inline(never)]
+fn fp_probe_inner(x: usize) -> Option<bool> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let fp: usize;
+        // SAFETY: reads a register into a local; touches no memory, no stack.
+        unsafe {
+            core::arch::asm!("mov {}, rbp", out(reg) fp, options(nomem, nostack, preserves_flags))
+        };
+        let here = std::hint::black_box(&x) as *const usize as usize;
+        let (_, stack_hi) = super::thread::current_stack_bounds()?;
+        if fp < here || !fp.is_multiple_of(std::mem::align_of::<usize>()) || fp > stack_hi - 16 {
+            return Some(false);
+        }
+        // SAFETY: `fp + 8` is aligned and inside [here, stack_hi - 8]: the live part
+        // of this thread's own stack, above a local of this function.
+        let ret = unsafe { *((fp + 8) as *const usize) };
+        let caller = fp_probe_outer as fn(usize) -> Option<bool> as usize;
+        Some(ret > caller && ret < caller + 4096)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = x;
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn this_build_has_frame_pointers() {
+        // The project builds with -C force-frame-pointers=yes (.cargo/config.toml and
+        // scripts/test), so the probe must find its caller.
+        assert_eq!(super::frame_pointers_present(), Some(true));
+    }
+}

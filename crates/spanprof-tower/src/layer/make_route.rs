@@ -27,6 +27,13 @@ pub const DEFAULT_MAX_ROUTES: usize = 512;
 pub trait MakeRoute<B> {
     /// The route template of `request`.
     fn make_route(&mut self, request: &http::Request<B>) -> Option<Cow<'static, str>>;
+
+    /// Whether this can name HTTP routes at all. Only [`DefaultRoute`] built without
+    /// spanprof's `axum` feature cannot (and [`GrpcRoute`], which names gRPC methods
+    /// only); the layer then reports per-route settings that could never apply.
+    fn names_http_routes(&self) -> bool {
+        true
+    }
 }
 
 impl<B, F> MakeRoute<B> for F
@@ -50,6 +57,10 @@ impl<B> MakeRoute<B> for DefaultRoute {
             return Some(Cow::Owned(m.as_str().to_owned()));
         }
         GrpcRoute.make_route(request)
+    }
+
+    fn names_http_routes(&self) -> bool {
+        cfg!(feature = "axum")
     }
 }
 
@@ -80,6 +91,10 @@ impl<B> MakeRoute<B> for GrpcRoute {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"/._".contains(&b));
         ok.then(|| Cow::Owned(path.to_owned()))
+    }
+
+    fn names_http_routes(&self) -> bool {
+        false
     }
 }
 

@@ -23,7 +23,7 @@ pub use service::ProfileCorrelation;
 pub use trace_context::extract_trace_context;
 
 use crate::policy::{ConfigError, Policies, PolicyConfig, ProfileScope, RoutePolicy};
-use crate::registry;
+use crate::{registry, setup};
 
 /// The clock of the poll accounting: TSC-based where the CPU has an invariant TSC,
 /// so two reads per poll stay cheap.
@@ -60,10 +60,21 @@ impl ProfileCorrelationLayer {
     /// The layer with the default policy ([`RoutePolicy::new`]) for every route; starts
     /// the profiler with its defaults if none is running (and logs, not fails, where
     /// profiling is unavailable).
+    ///
+    /// The policy comes from the `SPANPROF_*` environment variables where set
+    /// ([`PolicyConfig::from_env`]); if they are invalid, this logs the error (naming
+    /// the variable) and uses the defaults. [`ProfileCorrelationLayer::builder`]'s
+    /// `build` returns that error instead.
     pub fn new() -> Self {
-        ProfileCorrelationLayer::builder()
-            .build()
-            .expect("the default configuration is valid")
+        match ProfileCorrelationLayer::builder().build() {
+            Ok(layer) => layer,
+            Err(e) => {
+                tracing::error!(error = %e, "spanprof: ignoring the SPANPROF_* policy variables");
+                let mut b = ProfileCorrelationLayer::builder();
+                b.ignore_env = true;
+                b.build().expect("the default configuration is valid")
+            }
+        }
     }
 
     /// Starts a configured layer.
@@ -103,6 +114,14 @@ impl<R> ProfileCorrelationLayer<R> {
         self.correlator.routes.unknown()
     }
 
+    /// Route keys of this layer's configuration (per-route policies and disabled
+    /// routes) that no request has matched so far. After its first 1 000 requests the
+    /// layer logs the ones still unmatched, once: a key that never matches is usually
+    /// a typo or not the router's template (`/cart/{cart_id}` for `/cart/{id}`).
+    pub fn unmatched_route_keys(&self) -> Vec<String> {
+        self.correlator.keys.unmatched()
+    }
+
     /// Replaces how routes are named (for example a closure for plain hyper servers).
     pub fn make_route<R2>(self, make_route: R2) -> ProfileCorrelationLayer<R2> {
         ProfileCorrelationLayer {
@@ -131,6 +150,7 @@ pub struct ProfileCorrelationLayerBuilder {
     config: Option<PolicyConfig>,
     profiler: Option<Profiler>,
     max_routes: Option<usize>,
+    ignore_env: bool,
 }
 
 impl ProfileCorrelationLayerBuilder {
@@ -183,10 +203,19 @@ impl ProfileCorrelationLayerBuilder {
     }
 
     /// Validates the configuration and builds the layer.
+    ///
+    /// Settings come, each overriding the one before: the defaults, the `SPANPROF_*`
+    /// environment variables ([`PolicyConfig::from_env`]), [`Self::config`], then
+    /// the builder's own methods. Errors name the field or variable.
     pub fn build(self) -> Result<ProfileCorrelationLayer, ConfigError> {
         let mut policies = Policies::new();
         let mut scope = ProfileScope::default();
-        if let Some(cfg) = &self.config {
+        let env = if self.ignore_env {
+            None
+        } else {
+            PolicyConfig::from_env()?
+        };
+        for cfg in env.iter().chain(&self.config) {
             if let Some(d) = &cfg.default {
                 policies.default = d.to_policy("default")?;
             }
@@ -195,7 +224,9 @@ impl ProfileCorrelationLayerBuilder {
                 policies.routes.insert(route.clone(), policy);
             }
             policies.disabled.extend(cfg.disabled.iter().cloned());
-            scope = cfg.scope.unwrap_or_default();
+            if let Some(sc) = cfg.scope {
+                scope = sc;
+            }
         }
         if let Some(d) = self.default {
             policies.default = d;
@@ -231,8 +262,15 @@ impl ProfileCorrelationLayerBuilder {
             });
         }
         registry::set_scope(scope);
+        let keys = policies
+            .routes
+            .keys()
+            .chain(&policies.disabled)
+            .cloned()
+            .collect();
         Ok(ProfileCorrelationLayer {
             correlator: Correlator {
+                keys: Arc::new(setup::RouteKeys::new(keys)),
                 policies: Arc::new(policies),
                 routes: Arc::new(make_route::RouteNames::new(max_routes)),
                 _profiler: profiler,
@@ -246,6 +284,8 @@ impl ProfileCorrelationLayerBuilder {
 #[derive(Clone, Debug)]
 pub(crate) struct Correlator {
     policies: Arc<Policies>,
+    /// Which configured route keys requests have matched (set-up check).
+    keys: Arc<setup::RouteKeys>,
     routes: Arc<make_route::RouteNames>,
     /// Keeps the profiler this layer was built against.
     _profiler: Option<Profiler>,
@@ -288,21 +328,28 @@ impl RequestProfile {
 }
 
 impl Correlator {
-    /// Decides and labels one request; `None` for disabled routes.
+    /// Decides and labels one request; `None` for disabled routes. `names_routes`:
+    /// whether the route namer can name HTTP routes at all (set-up check).
     pub(crate) fn begin<B>(
         &self,
         request: &http::Request<B>,
         route: Option<Cow<'static, str>>,
+        names_routes: bool,
     ) -> Option<RequestProfile> {
         let grpc = make_route::is_grpc(request.headers());
         let method = make_route::method_name(request.method());
+        if route.is_none() && !grpc && !names_routes {
+            setup::check_route_keys_visible(self.keys.keys());
+        }
         let (route, span_name) = self.routes.admit(
             method,
             route.unwrap_or(Cow::Borrowed(UNMATCHED_ROUTE)),
             grpc,
         );
+        self.keys.observe(method, &route);
         let policy = self.policies.lookup(method, &route)?;
         let trace = trace_context::current(request.headers());
+        setup::check_trace_source(trace.source);
         let decision_id = if trace.trace_id != 0 {
             trace.trace_id
         } else {

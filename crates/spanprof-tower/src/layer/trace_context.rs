@@ -10,6 +10,8 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use crate::setup::TraceSource;
+
 /// Headers longer than this are ignored before parsing (W3C bounds `tracestate` at
 /// 512 characters; `traceparent` is 55).
 pub(crate) const MAX_TRACE_HEADER_LEN: usize = 1024;
@@ -23,6 +25,8 @@ pub(crate) struct RequestTrace {
     pub(crate) sampled: bool,
     /// Whether `span_id` is a real OpenTelemetry span (its attributes can be set).
     pub(crate) otel_span: bool,
+    /// Where the identity came from (for the set-up checks).
+    pub(crate) source: TraceSource,
 }
 
 struct Headers<'a>(&'a http::HeaderMap);
@@ -107,7 +111,9 @@ fn new_span_id() -> u64 {
 /// The trace identity of the request about to be served.
 pub(crate) fn current(headers: &http::HeaderMap) -> RequestTrace {
     let span = tracing::Span::current();
+    let mut source = TraceSource::NoSpan;
     if !span.is_disabled() {
+        source = TraceSource::SpanWithoutOtel;
         let cx = span.context();
         let sc = cx.span().span_context().clone();
         if sc.is_valid() {
@@ -117,6 +123,7 @@ pub(crate) fn current(headers: &http::HeaderMap) -> RequestTrace {
                 parent_span_id: 0,
                 sampled: sc.is_sampled(),
                 otel_span: true,
+                source: TraceSource::OtelSpan,
             };
         }
     }
@@ -130,6 +137,7 @@ pub(crate) fn current(headers: &http::HeaderMap) -> RequestTrace {
                 parent_span_id: u64::from_be_bytes(sc.span_id().to_bytes()),
                 sampled: sc.is_sampled(),
                 otel_span: false,
+                source,
             };
         }
     }
@@ -139,6 +147,7 @@ pub(crate) fn current(headers: &http::HeaderMap) -> RequestTrace {
         parent_span_id: 0,
         sampled: true,
         otel_span: false,
+        source,
     }
 }
 

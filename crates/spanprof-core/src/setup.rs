@@ -1,0 +1,79 @@
+//! Set-up mistakes the core can detect: each is reported once per process, at warn
+//! level, with the fix in the message. The layer's own checks (no request span, no
+//! OpenTelemetry context, routes it cannot see) are in `spanprof-tower`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Logged when the build has no frame pointers (checked at [`crate::Profiler`] start).
+pub const NO_FRAME_POINTERS: &str = "spanprof: this build has no frame pointers, so profile stacks stop after one or two frames. \
+Build with frame pointers: in .cargo/config.toml, [build] rustflags = [\"-C\", \"force-frame-pointers=yes\", \"--cfg\", \"tokio_unstable\"] \
+(or RUSTFLAGS=\"-C force-frame-pointers=yes --cfg tokio_unstable\")";
+
+/// Logged when spanprof is built without `--cfg tokio_unstable` (at
+/// [`crate::install_runtime_hooks`], or when a runtime without the hooks polls
+/// labelled work).
+pub const NO_TOKIO_UNSTABLE: &str = "spanprof: built without `--cfg tokio_unstable`, so tasks spawned by a request (tokio::spawn) do not inherit its labels \
+and their CPU is not attributed to it. Add the cfg for the whole build: in .cargo/config.toml, \
+[build] rustflags = [\"-C\", \"force-frame-pointers=yes\", \"--cfg\", \"tokio_unstable\"]";
+
+/// Logged when labelled work is polled inside a task of a tokio runtime that was not
+/// built with [`crate::install_runtime_hooks`].
+pub const NO_RUNTIME_HOOKS: &str = "spanprof: labelled work runs on a tokio runtime built without spanprof::install_runtime_hooks, \
+so tasks a request spawns are not labelled and idle runtime threads are not sampled. `#[tokio::main]` cannot install hooks: \
+build the runtime with let mut b = tokio::runtime::Builder::new_multi_thread(); spanprof::install_runtime_hooks(&mut b); \
+let rt = b.enable_all().build()?; and run your server with rt.block_on(...)";
+
+static WARNED_FRAME_POINTERS: AtomicBool = AtomicBool::new(false);
+static WARNED_TOKIO_UNSTABLE: AtomicBool = AtomicBool::new(false);
+static WARNED_RUNTIME_HOOKS: AtomicBool = AtomicBool::new(false);
+/// Set by [`crate::install_runtime_hooks`].
+static RUNTIME_HOOKS_INSTALLED: AtomicBool = AtomicBool::new(false);
+
+fn warn_once(flag: &AtomicBool, message: &'static str) {
+    if !flag.swap(true, Ordering::Relaxed) {
+        tracing::warn!("{message}");
+    }
+}
+
+/// The message for a frame-pointer probe result, if it is one to report.
+pub(crate) fn frame_pointer_warning(present: Option<bool>) -> Option<&'static str> {
+    (present == Some(false)).then_some(NO_FRAME_POINTERS)
+}
+
+/// At profiler start: reports a build without frame pointers.
+pub(crate) fn check_frame_pointers(present: Option<bool>) {
+    if let Some(m) = frame_pointer_warning(present) {
+        warn_once(&WARNED_FRAME_POINTERS, m);
+    }
+}
+
+/// At [`crate::install_runtime_hooks`].
+pub(crate) fn runtime_hooks_installed() {
+    RUNTIME_HOOKS_INSTALLED.store(true, Ordering::Relaxed);
+    if !cfg!(tokio_unstable) {
+        warn_once(&WARNED_TOKIO_UNSTABLE, NO_TOKIO_UNSTABLE);
+    }
+}
+
+/// When a thread registers itself at its first labelled poll (off the hot path:
+/// once per thread): inside a tokio task of a process that never installed the
+/// runtime hooks, that runtime is missing them.
+pub(crate) fn thread_registered_lazily() {
+    if tokio::task::try_id().is_some() && !RUNTIME_HOOKS_INSTALLED.load(Ordering::Relaxed) {
+        warn_once(&WARNED_RUNTIME_HOOKS, NO_RUNTIME_HOOKS);
+        if !cfg!(tokio_unstable) {
+            warn_once(&WARNED_TOKIO_UNSTABLE, NO_TOKIO_UNSTABLE);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_build_without_frame_pointers_is_reported_with_the_fix() {
+        let m = super::frame_pointer_warning(Some(false)).expect("a message");
+        assert!(m.contains("force-frame-pointers=yes"), "{m}");
+        assert_eq!(super::frame_pointer_warning(Some(true)), None);
+        assert_eq!(super::frame_pointer_warning(None), None);
+    }
+}

@@ -1,0 +1,298 @@
+//! Set-up mistakes that used to fail silently (issue 11) each log one warning naming
+//! the fix, with a real axum server and a real client; and the documented set-up logs
+//! none. The warnings are once per process, so every test here needs a process of its
+//! own: the suite runs under cargo-nextest, which gives each test one.
+
+#[path = "../support/mod.rs"]
+#[allow(dead_code)]
+mod support;
+#[path = "../support/web.rs"]
+#[allow(dead_code)]
+mod web;
+
+use std::borrow::Cow;
+use std::sync::{Arc, Mutex};
+
+use axum::{Router, routing::get};
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SimpleSpanProcessor};
+use spanprof::tower::MakeRoute;
+use spanprof::{ProfileCorrelationLayer, RoutePolicy, SpanProfileProcessor};
+use tower_http::trace::{DefaultMakeSpan, TraceLayer};
+use tracing::level_filters::LevelFilter;
+use tracing_subscriber::prelude::*;
+
+type Logs = Arc<Mutex<Vec<String>>>;
+
+/// Installs the process's subscriber: captured logs at `level` and, with `otel`,
+/// tracing-opentelemetry exporting to memory through spanprof's span processor.
+fn subscriber(level: LevelFilter, otel: bool) -> (Logs, InMemorySpanExporter) {
+    let logs: Logs = Arc::default();
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(SpanProfileProcessor::new(SimpleSpanProcessor::new(
+            exporter.clone(),
+        )))
+        .build();
+    let otel_layer =
+        otel.then(|| tracing_opentelemetry::layer().with_tracer(provider.tracer("setup")));
+    tracing_subscriber::registry()
+        .with(Capture(logs.clone()))
+        .with(otel_layer)
+        .with(level)
+        .init();
+    (logs, exporter)
+}
+
+struct Capture(Logs);
+struct Fields(String);
+impl tracing::field::Visit for Fields {
+    fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+        self.0.push_str(&format!("{}={:?} ", f.name(), v));
+    }
+}
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
+    fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let mut f = Fields(format!("{} ", e.metadata().level()));
+        e.record(&mut f);
+        self.0.lock().unwrap().push(f.0);
+    }
+}
+
+/// spanprof's warnings in `logs` that contain `needle`.
+fn warnings(logs: &Logs, needle: &str) -> Vec<String> {
+    logs.lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.starts_with("WARN") && l.contains("spanprof:") && l.contains(needle))
+        .cloned()
+        .collect()
+}
+
+fn all_warnings(logs: &Logs) -> Vec<String> {
+    warnings(logs, "")
+}
+
+fn runtime(hooks: bool) -> tokio::runtime::Runtime {
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    if hooks {
+        spanprof::install_runtime_hooks(&mut b);
+    }
+    b.worker_threads(2).enable_all().build().unwrap()
+}
+
+/// Serves `app` on loopback and GETs each of `paths` in turn; returns the statuses.
+fn serve_and_get(rt: &tokio::runtime::Runtime, app: Router, paths: &[&str]) -> Vec<u16> {
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let mut statuses = Vec::new();
+        for p in paths {
+            let (status, _) = web::http_get(&format!("http://{addr}{p}"), &[]).await;
+            statuses.push(status.as_u16());
+        }
+        server.abort();
+        statuses
+    })
+}
+
+fn app() -> Router {
+    Router::new()
+        .route("/hash", get(|| async { "hashed" }))
+        .route("/cart/{id}", get(|| async { "cart" }))
+        .route("/health", get(|| async { "ok" }))
+}
+
+/// Waits (up to 20 s) until `done`; the assertions after it say what was missing.
+fn wait_until(done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !done() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+fn profile_ids(exporter: &InMemorySpanExporter) -> usize {
+    exporter
+        .get_finished_spans()
+        .unwrap()
+        .iter()
+        .filter(|s| web::attr(s, spanprof::tower::ATTR_PROFILE_ID).is_some())
+        .count()
+}
+
+#[test]
+fn the_documented_setup_warns_about_nothing_and_links_every_span() {
+    let (logs, exporter) = subscriber(LevelFilter::INFO, true);
+    let rt = runtime(true);
+    let app = app().layer(ProfileCorrelationLayer::new()).layer(
+        TraceLayer::new_for_http()
+            .make_span_with(DefaultMakeSpan::new().level(tracing::Level::INFO)),
+    );
+    let statuses = serve_and_get(&rt, app, &["/hash"; 20]);
+    assert_eq!(statuses, [200; 20]);
+    wait_until(|| profile_ids(&exporter) == 20);
+    assert_eq!(all_warnings(&logs), Vec::<String>::new());
+}
+
+#[test]
+fn trace_layer_spans_filtered_out_by_level_are_reported_once() {
+    // TraceLayer's request spans are DEBUG; a usual `info` filter never creates them.
+    let (logs, exporter) = subscriber(LevelFilter::INFO, true);
+    let rt = runtime(true);
+    let app = app()
+        .layer(ProfileCorrelationLayer::new())
+        .layer(TraceLayer::new_for_http());
+    serve_and_get(&rt, app, &["/hash"; 20]);
+    let found = warnings(&logs, "no tracing span current");
+    assert_eq!(found.len(), 1, "{:?}", all_warnings(&logs));
+    assert!(
+        found[0].contains("at DEBUG") && found[0].contains("Level::INFO"),
+        "{}",
+        found[0]
+    );
+    assert_eq!(profile_ids(&exporter), 0);
+}
+
+#[test]
+fn profiling_outside_trace_layer_is_reported_once() {
+    let (logs, exporter) = subscriber(LevelFilter::DEBUG, true);
+    let rt = runtime(true);
+    // Reversed: with axum the last layer added is the outermost, so profiling runs
+    // before the span exists.
+    let app = app()
+        .layer(TraceLayer::new_for_http())
+        .layer(ProfileCorrelationLayer::new());
+    serve_and_get(&rt, app, &["/hash"; 20]);
+    let found = warnings(&logs, "no tracing span current");
+    assert_eq!(found.len(), 1, "{:?}", all_warnings(&logs));
+    assert!(found[0].contains("outermost"), "{}", found[0]);
+    // The silent failure the warning replaces: spans exist, none carries a profile id.
+    wait_until(|| exporter.get_finished_spans().unwrap().len() >= 20);
+    assert_eq!(profile_ids(&exporter), 0);
+}
+
+#[test]
+fn a_span_without_opentelemetry_is_reported_once() {
+    let (logs, _) = subscriber(LevelFilter::DEBUG, false);
+    let rt = runtime(true);
+    let app = app()
+        .layer(ProfileCorrelationLayer::new())
+        .layer(TraceLayer::new_for_http());
+    serve_and_get(&rt, app, &["/hash"; 20]);
+    let found = warnings(&logs, "no OpenTelemetry context");
+    assert_eq!(found.len(), 1, "{:?}", all_warnings(&logs));
+    assert!(
+        found[0].contains("tracing_opentelemetry::layer()"),
+        "{}",
+        found[0]
+    );
+}
+
+/// Names no HTTP route, as the default route namer does when spanprof is built
+/// without its `axum` feature.
+#[derive(Clone)]
+struct NoRoutes;
+impl<B> MakeRoute<B> for NoRoutes {
+    fn make_route(&mut self, _: &http::Request<B>) -> Option<Cow<'static, str>> {
+        None
+    }
+    fn names_http_routes(&self) -> bool {
+        false
+    }
+}
+
+#[test]
+fn per_route_settings_on_a_layer_that_cannot_see_routes_are_reported() {
+    let (logs, _) = subscriber(LevelFilter::INFO, true);
+    let rt = runtime(true);
+    let layer = ProfileCorrelationLayer::builder()
+        .route("/hash", RoutePolicy::new().sample_rate(1.0))
+        .build()
+        .unwrap()
+        .make_route(NoRoutes);
+    let app = app().layer(layer).layer(
+        TraceLayer::new_for_http()
+            .make_span_with(DefaultMakeSpan::new().level(tracing::Level::INFO)),
+    );
+    serve_and_get(&rt, app, &["/hash"; 5]);
+    let found = warnings(&logs, "cannot see HTTP routes");
+    assert_eq!(found.len(), 1, "{:?}", all_warnings(&logs));
+    assert!(
+        found[0].contains("`axum` feature") && found[0].contains("/hash"),
+        "{}",
+        found[0]
+    );
+}
+
+#[test]
+fn route_keys_no_request_matches_are_reported_after_a_thousand_requests() {
+    let (logs, _) = subscriber(LevelFilter::INFO, true);
+    let rt = runtime(true);
+    let layer = ProfileCorrelationLayer::builder()
+        .route("/cart/{cart_id}", RoutePolicy::new().sample_rate(1.0)) // the router says {id}
+        .route("GET /hash", RoutePolicy::new().sample_rate(1.0))
+        .disable_route("/health")
+        .build()
+        .unwrap();
+    let app = app().layer(layer.clone()).layer(
+        TraceLayer::new_for_http()
+            .make_span_with(DefaultMakeSpan::new().level(tracing::Level::INFO)),
+    );
+    let mut paths = vec!["/hash", "/health"];
+    paths.extend(["/cart/7"; 998]);
+    serve_and_get(&rt, app, &paths[..999]);
+    assert_eq!(layer.unmatched_route_keys(), ["/cart/{cart_id}"]);
+    assert!(
+        warnings(&logs, "matched none").is_empty(),
+        "reported before 1000 requests"
+    );
+    serve_and_get(&rt, app_again(layer.clone()), &["/cart/7"]);
+    let found = warnings(&logs, "matched none");
+    assert_eq!(found.len(), 1, "{:?}", all_warnings(&logs));
+    assert!(
+        found[0].contains("/cart/{cart_id}") && !found[0].contains("GET /hash"),
+        "{}",
+        found[0]
+    );
+}
+
+fn app_again(layer: ProfileCorrelationLayer) -> Router {
+    app().layer(layer).layer(
+        TraceLayer::new_for_http()
+            .make_span_with(DefaultMakeSpan::new().level(tracing::Level::INFO)),
+    )
+}
+
+#[test]
+fn a_runtime_without_spanprof_hooks_is_reported_once() {
+    // What `#[tokio::main]` gives: a runtime nobody installed the hooks on.
+    let (logs, _) = subscriber(LevelFilter::INFO, true);
+    let rt = runtime(false);
+    let app = app().layer(ProfileCorrelationLayer::new()).layer(
+        TraceLayer::new_for_http()
+            .make_span_with(DefaultMakeSpan::new().level(tracing::Level::INFO)),
+    );
+    serve_and_get(&rt, app, &["/hash"; 10]);
+    let found = warnings(&logs, "install_runtime_hooks");
+    assert_eq!(found.len(), 1, "{:?}", all_warnings(&logs));
+    assert!(found[0].contains("#[tokio::main]"), "{}", found[0]);
+}
+
+#[cfg(not(tokio_unstable))]
+#[test]
+fn a_build_without_tokio_unstable_is_reported_at_install() {
+    let (logs, _) = subscriber(LevelFilter::INFO, true);
+    let _rt = runtime(true);
+    let found = warnings(&logs, "tokio_unstable");
+    assert_eq!(found.len(), 1, "{:?}", all_warnings(&logs));
+    assert!(found[0].contains("rustflags"), "{}", found[0]);
+}
+
+#[cfg(tokio_unstable)]
+#[test]
+fn a_build_with_tokio_unstable_does_not_warn_at_install() {
+    let (logs, _) = subscriber(LevelFilter::INFO, true);
+    let _rt = runtime(true);
+    assert_eq!(warnings(&logs, "tokio_unstable"), Vec::<String>::new());
+}
