@@ -32,7 +32,9 @@ pub use intern::{
     set_max_names,
 };
 pub use labels::{PollStats, SpanLabels, SpanLabelsBuilder};
-pub use profile::{Frame, FunctionCost, Hotness, Profile, ProfileSample, SampleLabels, Stack};
+pub use profile::{
+    Frame, FunctionCost, Hotness, Profile, ProfileSample, SampleLabels, SpanCost, Stack,
+};
 pub use sampler::{
     Capabilities, DEFAULT_BASELINE_HZ, DEFAULT_CACHE_BYTES, DEFAULT_DRAIN_INTERVAL,
     DEFAULT_HIGH_HZ, DEFAULT_RING_CAPACITY, MAX_HIGH_HZ, Mechanism, MemoryStats, Profiler,

@@ -139,6 +139,20 @@ pub struct FunctionCost {
     pub samples: u64,
 }
 
+/// One span's share of a profile: a row of [`Profile::by_span`].
+#[derive(Debug, Clone)]
+pub struct SpanCost {
+    /// The span's labels (trace and span id, names, route); `None` for CPU outside
+    /// any labelled work.
+    pub labels: Option<Arc<SampleLabels>>,
+    /// Samples taken in the span.
+    pub samples: u64,
+    /// Their estimated CPU time.
+    pub cpu_ns: u64,
+    /// The span's functions by total time, the [spine](Profile::spine) left out.
+    pub top_functions: Vec<FunctionCost>,
+}
+
 impl Profile {
     /// An empty profile starting now.
     pub fn empty(period_ns: u64) -> Self {
@@ -266,6 +280,10 @@ impl Profile {
     /// nothing): the code that did the work, outermost first.
     pub fn top_functions_by_total(&self, n: usize) -> Vec<FunctionCost> {
         let spine: HashSet<Arc<str>> = self.spine(97).into_iter().collect();
+        self.top_by_total_without(n, &spine)
+    }
+
+    fn top_by_total_without(&self, n: usize, spine: &HashSet<Arc<str>>) -> Vec<FunctionCost> {
         let mut functions = self.top_functions(usize::MAX);
         functions.retain(|f| !spine.contains(&f.function) && !f.function.starts_with('['));
         functions.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(b.self_ns.cmp(&a.self_ns)));
@@ -306,6 +324,64 @@ impl Profile {
         });
         v.truncate(n);
         v
+    }
+
+    /// Which span this CPU went to: the profile split by span (each sample's
+    /// `span_id`; samples outside labelled work under `None`), heaviest first, each
+    /// with its CPU time, samples and its top `top` functions by total time, leaving
+    /// out the whole profile's [spine](Profile::spine) (as
+    /// [`Profile::top_functions_by_total`] does for one profile: computed over the
+    /// whole, so a span's own hot loop is never mistaken for spine).
+    ///
+    /// ```
+    /// # fn show(profiler: &spanprof_core::Profiler) {
+    /// let last_minute = profiler.store().process(std::time::Duration::from_secs(60));
+    /// for span in last_minute.by_span(3).iter().take(5) {
+    ///     let name = span.labels.as_ref().map_or("(unlabelled)", |l| &*l.span_name);
+    ///     println!("{name}: {} µs", span.cpu_ns / 1000);
+    ///     for f in &span.top_functions {
+    ///         println!("    {} {} µs", f.function, f.total_ns / 1000);
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    pub fn by_span(&self, top: usize) -> Vec<SpanCost> {
+        let spine: HashSet<Arc<str>> = self.spine(97).into_iter().collect();
+        let mut groups: HashMap<Option<u64>, (Option<Arc<SampleLabels>>, Vec<ProfileSample>)> =
+            HashMap::new();
+        for s in &self.samples {
+            let key = s.labels.as_ref().map(|l| l.span_id);
+            let g = groups
+                .entry(key)
+                .or_insert_with(|| (s.labels.clone(), Vec::new()));
+            g.1.push(s.clone());
+        }
+        let mut out: Vec<SpanCost> = groups
+            .into_values()
+            .map(|(labels, samples)| {
+                let p = Profile {
+                    samples,
+                    start: self.start,
+                    duration_ns: self.duration_ns,
+                    period_ns: self.period_ns,
+                };
+                SpanCost {
+                    labels,
+                    samples: p.sample_count(),
+                    cpu_ns: p.cpu_ns(),
+                    top_functions: p.top_by_total_without(top, &spine),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            b.cpu_ns.cmp(&a.cpu_ns).then_with(|| {
+                a.labels
+                    .as_ref()
+                    .map(|l| l.span_id)
+                    .cmp(&b.labels.as_ref().map(|l| l.span_id))
+            })
+        });
+        out
     }
 
     /// CPU time of samples whose stack contains a function whose name contains `needle`.

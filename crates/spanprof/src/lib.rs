@@ -20,3 +20,13 @@ pub use spanprof_tower::{
 pub mod export {
     pub use spanprof_export::*;
 }
+
+/// The embedded viewer: recent traces, a span's waterfall and its flamegraph at
+/// `/debug/spanprof/`, served from a loopback port, thread and runtime of its own.
+///
+/// The one line (see the crate's front page for the span recorder it reads):
+/// `ViewerThread::start(Viewer::new(profiler, spans), "127.0.0.1:6060".parse()?, false)?`.
+#[cfg(feature = "viewer")]
+pub mod viewer {
+    pub use spanprof_viewer::*;
+}

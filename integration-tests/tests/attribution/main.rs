@@ -129,3 +129,39 @@ fn spawn_blocking_keeps_labels() {
     );
     assert!(p.sample_count() >= 100, "{}", p.sample_count());
 }
+
+/// `Profile::by_span` answers "which span did this CPU go to" without walking samples:
+/// each span's row names the function that burned its CPU.
+#[test]
+fn by_span_names_each_spans_own_work() {
+    let profiler = spanprof::Profiler::current_or_start().expect("profiler");
+    let (_, labels) = support::labelled_burn(300);
+    profiler.flush();
+    let rows = profiler
+        .store()
+        .process(std::time::Duration::from_secs(60))
+        .by_span(3);
+    for (class, l) in labels.iter().enumerate() {
+        let row = rows
+            .iter()
+            .find(|r| r.labels.as_ref().is_some_and(|x| x.span_id == l.span_id()))
+            .unwrap_or_else(|| panic!("no row for span {class}: {rows:?}"));
+        let burner = spanprof_bench::BURNERS[class].0;
+        assert!(row.samples > 0 && row.cpu_ns > 0, "{row:?}");
+        assert!(
+            row.top_functions
+                .iter()
+                .any(|f| f.function.contains(burner)),
+            "span {class}'s top functions miss {burner}: {:?}",
+            row.top_functions
+        );
+        let other = spanprof_bench::BURNERS[1 - class].0;
+        assert!(
+            !row.top_functions.iter().any(|f| f.function.contains(other)),
+            "span {class} got {other}: {:?}",
+            row.top_functions
+        );
+    }
+    // Heaviest first.
+    assert!(rows.windows(2).all(|w| w[0].cpu_ns >= w[1].cpu_ns));
+}

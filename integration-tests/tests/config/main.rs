@@ -94,3 +94,15 @@ fn unknown_fields_are_rejected_by_name() {
         .unwrap_err();
     assert!(e.to_string().contains("sample_rte"), "{e}");
 }
+
+#[test]
+fn a_duration_without_a_unit_is_refused_not_guessed() {
+    // `250` (a JSON number) is milliseconds; `"250"` used to mean 250 seconds.
+    assert_field(
+        build_json(r#"{"routes": {"/checkout": {"slow_after": "250"}}}"#),
+        "routes[\"/checkout\"].slow_after",
+        "no unit",
+    );
+    assert!(build_json(r#"{"routes": {"/checkout": {"slow_after": 250}}}"#).is_ok());
+    assert!(build_json(r#"{"routes": {"/checkout": {"slow_after": "250ms"}}}"#).is_ok());
+}

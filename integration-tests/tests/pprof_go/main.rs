@@ -51,3 +51,55 @@ fn go_tool_pprof_reads_labels_and_focuses_on_a_span() {
     let raw = go_pprof(&["-raw", file]);
     assert!(raw.contains("samples/count cpu/nanoseconds"), "{raw}");
 }
+
+/// The documented recipe for a span's flamegraph from a file or the debug endpoint:
+/// `-tagfocus=root_span_id=^<pyroscope.profile.id>$` holds the request's whole tree,
+/// including work inside inner (`#[instrument]`) spans, whose samples carry their own
+/// `span_id`. (`span_id=^<id>$` selects that exact span only: here, nothing.)
+#[test]
+fn the_profile_id_recipe_finds_work_inside_inner_spans() {
+    let profiler = Profiler::builder().start().expect("profiler");
+    let (trace, root, inner) = (
+        0x0af7_651916cd43dd8448eb211c80319cu128,
+        0x1111_2222_3333_4444u64,
+        0x5555_6666_7777_8888u64,
+    );
+    let inner_labels = spanprof::SpanLabels::builder()
+        .trace_id(trace)
+        .span_id(inner)
+        .parent_span_id(root)
+        .root_span_id(root)
+        .span_name("hash_loop")
+        .route("/hash")
+        .hot(spanprof::Hotness::Sampled)
+        .build();
+    std::thread::spawn(move || {
+        spanprof::register_current_thread();
+        let _g = inner_labels.enter();
+        let start = spanprof::thread_cpu_time();
+        while spanprof::thread_cpu_time() - start < Duration::from_millis(400) {
+            spanprof_bench::BURNERS[2].1(5_000);
+        }
+    })
+    .join()
+    .unwrap();
+    profiler.flush();
+    let whole = profiler.store().process(Duration::from_secs(3600));
+    profiler.stop();
+    let path = support::artifact_dir().join("inner-span.pb.gz");
+    std::fs::write(&path, spanprof::pprof::encode_gzip(&whole)).unwrap();
+    let file = path.to_str().unwrap();
+    let root_hex = format!("{root:016x}");
+
+    let top = go_pprof(&[
+        "-top",
+        &format!("-tagfocus=root_span_id=^{root_hex}$"),
+        file,
+    ]);
+    assert!(
+        top_function(&top).ends_with("burn_class_2"),
+        "root_span_id={root_hex} should hold the inner span's work:\n{top}"
+    );
+    let narrow = go_pprof(&["-top", &format!("-tagfocus=span_id=^{root_hex}$"), file]);
+    assert!(!narrow.contains("burn_class_2"), "{narrow}");
+}
