@@ -347,8 +347,8 @@ impl Profile {
     /// ```
     pub fn by_span(&self, top: usize) -> Vec<SpanCost> {
         let spine: HashSet<Arc<str>> = self.spine(97).into_iter().collect();
-        let mut groups: HashMap<Option<u64>, (Option<Arc<SampleLabels>>, Vec<ProfileSample>)> =
-            HashMap::new();
+        type Group = (Option<Arc<SampleLabels>>, Vec<ProfileSample>);
+        let mut groups: HashMap<Option<u64>, Group> = HashMap::new();
         for s in &self.samples {
             let key = s.labels.as_ref().map(|l| l.span_id);
             let g = groups

@@ -187,16 +187,16 @@ impl ProfilerBuilder {
     ///
     /// ```
     /// # fn main() -> Result<(), spanprof_core::ProfilerError> {
-    /// let builder = spanprof_core::Profiler::builder().from_env()?;
+    /// let builder = spanprof_core::Profiler::builder().with_env()?;
     /// # drop(builder);
     /// # Ok(())
     /// # }
     /// ```
-    pub fn from_env(self) -> Result<Self, ProfilerError> {
-        self.from_vars(|k| std::env::var(k).ok())
+    pub fn with_env(self) -> Result<Self, ProfilerError> {
+        self.with_vars(|k| std::env::var(k).ok())
     }
 
-    pub(crate) fn from_vars(
+    pub(crate) fn with_vars(
         mut self,
         var: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ProfilerError> {
@@ -514,12 +514,12 @@ impl Profiler {
     }
 
     /// The running profiler, or a new one with the default configuration and the
-    /// rates of the environment ([`ProfilerBuilder::from_env`]).
+    /// rates of the environment ([`ProfilerBuilder::with_env`]).
     pub fn current_or_start() -> Result<Profiler, ProfilerError> {
         if let Some(p) = Profiler::current() {
             return Ok(p);
         }
-        match ProfilerBuilder::new().from_env()?.start() {
+        match ProfilerBuilder::new().with_env()?.start() {
             Err(ProfilerError::AlreadyRunning) => {
                 Profiler::current().ok_or(ProfilerError::AlreadyRunning)
             }
@@ -832,19 +832,19 @@ mod tests {
             }
         };
         let b = ProfilerBuilder::new()
-            .from_vars(vars(&[
+            .with_vars(vars(&[
                 ("SPANPROF_BASELINE_HZ", "49"),
                 ("SPANPROF_HIGH_HZ", " 2000 "),
             ]))
             .unwrap();
         assert_eq!((b.baseline_hz, b.high_hz), (49, 2000));
-        let b = ProfilerBuilder::new().from_vars(vars(&[])).unwrap();
+        let b = ProfilerBuilder::new().with_vars(vars(&[])).unwrap();
         assert_eq!(
             (b.baseline_hz, b.high_hz),
             (DEFAULT_BASELINE_HZ, DEFAULT_HIGH_HZ)
         );
         let e = ProfilerBuilder::new()
-            .from_vars(vars(&[("SPANPROF_HIGH_HZ", "1kHz")]))
+            .with_vars(vars(&[("SPANPROF_HIGH_HZ", "1kHz")]))
             .unwrap_err();
         assert!(e.to_string().contains("SPANPROF_HIGH_HZ"), "{e}");
     }

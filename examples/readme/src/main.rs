@@ -21,7 +21,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     // 2. The profiler: 99 Hz for every request, 1 kHz for hot ones (SPANPROF_BASELINE_HZ,
     //    SPANPROF_HIGH_HZ override the defaults).
-    let profiler = Profiler::builder().from_env()?.start()?;
+    let profiler = Profiler::builder().with_env()?.start()?;
 
     // 3. Traces: spans end with pyroscope.profile.id and spanprof.* attributes, go to the
     //    viewer's recent spans, then to OTLP (OTEL_EXPORTER_OTLP_ENDPOINT, default

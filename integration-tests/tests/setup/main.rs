@@ -4,11 +4,9 @@
 //! own: the suite runs under cargo-nextest, which gives each test one.
 
 #[path = "../support/mod.rs"]
-#[allow(dead_code)]
 mod support;
-#[path = "../support/web.rs"]
-#[allow(dead_code)]
-mod web;
+
+use support::web;
 
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
