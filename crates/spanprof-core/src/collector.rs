@@ -248,6 +248,7 @@ fn process(
             q.bytes = 0;
             q.samples.drain(..).collect()
         };
+        crate::setup::emit_pending();
         // Symbolize outside the store's lock, so queries never wait for DWARF parsing.
         let batch_stacks: Vec<Stack> = batch
             .iter()

@@ -326,7 +326,7 @@ fn start_platform(cfg: ProfilerBuilder) -> Result<Arc<ProfilerInner>, ProfilerEr
         effective_high_hz,
         max_high_hz,
     };
-    crate::setup::check_frame_pointers(sys::frame_pointers_present());
+    crate::setup::check_build(sys::frame_pointers_present());
     if let Some((lo, hi)) = crate::symbolize::executable_text() {
         sys::set_frame_pointer_text(lo as usize, hi as usize);
     }

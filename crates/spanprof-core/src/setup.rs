@@ -1,8 +1,9 @@
 //! Set-up mistakes the core can detect: each is reported once per process, at warn
-//! level, with the fix in the message. The layer's own checks (no request span, no
+//! level, with the fix in the message; one found before a `tracing` subscriber is
+//! installed is logged as soon as one is. The layer's own checks (no request span, no
 //! OpenTelemetry context, routes it cannot see) are in `spanprof-tower`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 /// Logged when the build has no frame pointers (checked at [`crate::Profiler`] start).
 pub const NO_FRAME_POINTERS: &str = "spanprof: this build has no frame pointers, so profile stacks stop after one or two frames. \
@@ -23,15 +24,48 @@ so tasks a request spawns are not labelled and idle runtime threads are not samp
 build the runtime with let mut b = tokio::runtime::Builder::new_multi_thread(); spanprof::install_runtime_hooks(&mut b); \
 let rt = b.enable_all().build()?; and run your server with rt.block_on(...)";
 
-static WARNED_FRAME_POINTERS: AtomicBool = AtomicBool::new(false);
-static WARNED_TOKIO_UNSTABLE: AtomicBool = AtomicBool::new(false);
-static WARNED_RUNTIME_HOOKS: AtomicBool = AtomicBool::new(false);
+const FRAME_POINTERS: u8 = 1;
+const TOKIO_UNSTABLE: u8 = 2;
+const RUNTIME_HOOKS: u8 = 4;
+
+/// Warnings found but not yet logged: a check can run before the service installs
+/// its `tracing` subscriber (the runtime is often built first), so a warning waits
+/// until someone listens.
+static PENDING: AtomicU8 = AtomicU8::new(0);
+/// Warnings logged (each once per process).
+static LOGGED: AtomicU8 = AtomicU8::new(0);
 /// Set by [`crate::install_runtime_hooks`].
 static RUNTIME_HOOKS_INSTALLED: AtomicBool = AtomicBool::new(false);
 
-fn warn_once(flag: &AtomicBool, message: &'static str) {
-    if !flag.swap(true, Ordering::Relaxed) {
-        tracing::warn!("{message}");
+fn report(which: u8) {
+    if LOGGED.load(Ordering::Relaxed) & which == 0 {
+        PENDING.fetch_or(which, Ordering::Relaxed);
+        emit_pending();
+    }
+}
+
+/// Logs the pending warnings if a `tracing` subscriber is listening now. Called at
+/// each check and by the collector thread as it wakes (one atomic load when nothing
+/// is pending).
+pub(crate) fn emit_pending() {
+    if PENDING.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let listening =
+        tracing::dispatcher::get_default(|d| !d.is::<tracing::subscriber::NoSubscriber>());
+    if !listening {
+        return;
+    }
+    let pending = PENDING.swap(0, Ordering::Relaxed);
+    let fresh = pending & !LOGGED.fetch_or(pending, Ordering::Relaxed);
+    for (bit, message) in [
+        (FRAME_POINTERS, NO_FRAME_POINTERS),
+        (TOKIO_UNSTABLE, NO_TOKIO_UNSTABLE),
+        (RUNTIME_HOOKS, NO_RUNTIME_HOOKS),
+    ] {
+        if fresh & bit != 0 {
+            tracing::warn!("{message}");
+        }
     }
 }
 
@@ -40,10 +74,14 @@ pub(crate) fn frame_pointer_warning(present: Option<bool>) -> Option<&'static st
     (present == Some(false)).then_some(NO_FRAME_POINTERS)
 }
 
-/// At profiler start: reports a build without frame pointers.
-pub(crate) fn check_frame_pointers(present: Option<bool>) {
-    if let Some(m) = frame_pointer_warning(present) {
-        warn_once(&WARNED_FRAME_POINTERS, m);
+/// At profiler start: reports a build without frame pointers or without
+/// `--cfg tokio_unstable`.
+pub(crate) fn check_build(frame_pointers: Option<bool>) {
+    if frame_pointer_warning(frame_pointers).is_some() {
+        report(FRAME_POINTERS);
+    }
+    if !cfg!(tokio_unstable) {
+        report(TOKIO_UNSTABLE);
     }
 }
 
@@ -51,7 +89,7 @@ pub(crate) fn check_frame_pointers(present: Option<bool>) {
 pub(crate) fn runtime_hooks_installed() {
     RUNTIME_HOOKS_INSTALLED.store(true, Ordering::Relaxed);
     if !cfg!(tokio_unstable) {
-        warn_once(&WARNED_TOKIO_UNSTABLE, NO_TOKIO_UNSTABLE);
+        report(TOKIO_UNSTABLE);
     }
 }
 
@@ -60,9 +98,9 @@ pub(crate) fn runtime_hooks_installed() {
 /// runtime hooks, that runtime is missing them.
 pub(crate) fn thread_registered_lazily() {
     if tokio::task::try_id().is_some() && !RUNTIME_HOOKS_INSTALLED.load(Ordering::Relaxed) {
-        warn_once(&WARNED_RUNTIME_HOOKS, NO_RUNTIME_HOOKS);
+        report(RUNTIME_HOOKS);
         if !cfg!(tokio_unstable) {
-            warn_once(&WARNED_TOKIO_UNSTABLE, NO_TOKIO_UNSTABLE);
+            report(TOKIO_UNSTABLE);
         }
     }
 }

@@ -294,3 +294,31 @@ fn a_build_with_tokio_unstable_does_not_warn_at_install() {
     let _rt = runtime(true);
     assert_eq!(warnings(&logs, "tokio_unstable"), Vec::<String>::new());
 }
+
+#[test]
+fn a_warning_found_before_the_subscriber_is_logged_once_there_is_one() {
+    // Services often build the runtime and start serving before they install their
+    // subscriber: the warning waits for it.
+    let rt = runtime(false);
+    let app = || {
+        app().layer(ProfileCorrelationLayer::new()).layer(
+            TraceLayer::new_for_http()
+                .make_span_with(DefaultMakeSpan::new().level(tracing::Level::INFO)),
+        )
+    };
+    serve_and_get(&rt, app(), &["/hash"; 5]);
+    let (logs, _) = subscriber(LevelFilter::INFO, true);
+    // The collector thread logs it as it next wakes (samples keep it waking).
+    let labels = spanprof::SpanLabels::builder().span_id(7).build();
+    wait_until(|| {
+        let _g = labels.enter();
+        web::burn_blocking(20, spanprof_bench::BURNERS[0].1);
+        !warnings(&logs, "install_runtime_hooks").is_empty()
+    });
+    assert_eq!(
+        warnings(&logs, "install_runtime_hooks").len(),
+        1,
+        "{:?}",
+        all_warnings(&logs)
+    );
+}
