@@ -16,6 +16,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::ExportError;
+use crate::retry::Backoff;
 
 /// Default number of payloads the queue holds (with the default 10 s interval of
 /// the network sinks: 640 s, about 10 minutes, of profiles).
@@ -452,40 +453,6 @@ fn sender_runtime(clock: Clock) -> std::io::Result<tokio::runtime::Runtime> {
     builder.build()
 }
 
-/// The retry delay, kept across payloads (it is about the server, not the payload):
-/// during an outage the next payload's retries go on from the current delay; any
-/// answer from the server resets it.
-struct Backoff {
-    next: Duration,
-    seed: u64,
-}
-
-impl Backoff {
-    fn new(cfg: &DeliveryConfig) -> Self {
-        use std::hash::{BuildHasher, RandomState};
-        Backoff {
-            next: cfg.base_backoff,
-            seed: RandomState::new().hash_one(std::process::id()) | 1,
-        }
-    }
-
-    /// The next delay (±50 % jitter), doubling the one after up to `max_backoff`.
-    fn wait(&mut self, cfg: &DeliveryConfig) -> Duration {
-        // xorshift: jitter needs no cryptographic source.
-        self.seed ^= self.seed << 13;
-        self.seed ^= self.seed >> 7;
-        self.seed ^= self.seed << 17;
-        let factor = 0.5 + (self.seed >> 11) as f64 / (1u64 << 53) as f64;
-        let wait = self.next.mul_f64(factor);
-        self.next = (self.next * 2).min(cfg.max_backoff);
-        wait
-    }
-
-    fn reset(&mut self, cfg: &DeliveryConfig) {
-        self.next = cfg.base_backoff;
-    }
-}
-
 /// How one attempt ended.
 enum Attempt {
     Done(Result<(), SendError>),
@@ -568,7 +535,7 @@ fn run(shared: Arc<Shared>, transport: impl Transport, clock: Clock) {
         }
     };
     let cfg = &shared.cfg;
-    let mut backoff = Backoff::new(cfg);
+    let mut backoff = Backoff::new(cfg.base_backoff, cfg.max_backoff);
     let mut logged_status: HashSet<u16> = HashSet::new();
     loop {
         // Next payload, or exit when closing and empty (or past the deadline).
@@ -600,12 +567,12 @@ fn run(shared: Arc<Shared>, transport: impl Transport, clock: Clock) {
             match attempt(&rt, &shared, &transport, &payload) {
                 Attempt::Done(Ok(())) => {
                     shared.count(|c| &c.sent, 1);
-                    backoff.reset(cfg);
+                    backoff.reset();
                     break;
                 }
                 Attempt::Done(Err(SendError::Rejected { status, message })) => {
                     shared.count(|c| &c.dropped_rejected, 1);
-                    backoff.reset(cfg);
+                    backoff.reset();
                     if logged_status.insert(status) {
                         tracing::warn!(
                             sink = shared.name,
@@ -630,7 +597,7 @@ fn run(shared: Arc<Shared>, transport: impl Transport, clock: Clock) {
                         tracing::warn!(sink = shared.name, error = %why, attempts, "spanprof: dropping a profile after retries");
                         break;
                     }
-                    let wait = backoff.wait(cfg);
+                    let wait = backoff.next_wait();
                     {
                         let mut q = shared.lock();
                         if q.closing.is_some_and(|d| Instant::now() + wait >= d) {

@@ -1,0 +1,43 @@
+//! [`ProfileSource`]: where each interval's profile comes from.
+
+use spanprof_core::{Profile, Profiler};
+
+/// Where an exporter gets each interval's profile.
+pub struct ProfileSource(Box<dyn FnMut() -> Profile + Send>);
+
+impl std::fmt::Debug for ProfileSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProfileSource")
+    }
+}
+
+impl ProfileSource {
+    /// Everything the profiler samples from now on, one interval at a time, with span
+    /// ids in local-root scope (Grafana's convention: inner spans' samples carry
+    /// their local root's id) unless `all_spans`. Each interval first drains the
+    /// profiler's per-thread buffers ([`Profiler::flush`]), so that every sample
+    /// taken before it — the last ones of a request that ended just before
+    /// shutdown, too — is in it.
+    pub fn profiler(profiler: &Profiler, all_spans: bool) -> Self {
+        let window = profiler.window(spanprof_core::DEFAULT_WINDOW_ENTRIES);
+        let profiler = profiler.clone();
+        ProfileSource(Box::new(move || {
+            profiler.flush();
+            let p = window.take();
+            if all_spans {
+                p
+            } else {
+                p.with_local_root_ids()
+            }
+        }))
+    }
+
+    /// Any function returning the next interval's profile.
+    pub fn from_fn(f: impl FnMut() -> Profile + Send + 'static) -> Self {
+        ProfileSource(Box::new(f))
+    }
+
+    pub(crate) fn next(&mut self) -> Profile {
+        (self.0)()
+    }
+}
