@@ -1,0 +1,311 @@
+//! The profiler's configuration: defaults, [`ProfilerBuilder`] and its errors.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::store::StoreConfig;
+
+use super::*;
+
+/// How a thread reaches its high sampling rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mechanism {
+    /// A per-thread `perf_event_open` software `cpu-clock` event (rates well above
+    /// the kernel tick).
+    PerfEvent,
+    /// The per-thread CPU timer re-armed at the high period (capped by the kernel tick).
+    Timer,
+    /// No profiling on this platform or configuration.
+    Unavailable,
+}
+
+impl Mechanism {
+    /// `"perf_event"`, `"timer"` or `"unavailable"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mechanism::PerfEvent => "perf_event",
+            Mechanism::Timer => "timer",
+            Mechanism::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// Default baseline sampling rate, per thread, in samples per CPU-second.
+pub const DEFAULT_BASELINE_HZ: u32 = 99;
+/// Default high sampling rate for hot work.
+pub const DEFAULT_HIGH_HZ: u32 = 1000;
+/// Highest high rate accepted.
+pub const MAX_HIGH_HZ: u32 = 10_000;
+/// Default capacity of each thread's sample ring.
+pub const DEFAULT_RING_CAPACITY: usize = 256;
+/// Default bound on the collector's caches together (symbolized stacks, the
+/// symbolizer's frames and names, window labels), beside the store's own bound.
+pub const DEFAULT_CACHE_BYTES: usize = 32 << 20;
+/// Default interval at which the collector drains the rings.
+pub const DEFAULT_DRAIN_INTERVAL: Duration = Duration::from_millis(20);
+/// Highest rate the per-thread CPU timer reaches here: it is driven by the
+/// kernel tick (`CONFIG_HZ`, 250 on the machines this was measured on).
+pub const TIMER_MAX_HZ: u32 = 250;
+
+/// Why the profiler could not start.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ProfilerError {
+    /// A configuration value is out of range; names the field.
+    InvalidConfig {
+        /// The field, as named by its builder method.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A profiler is already running in this process.
+    AlreadyRunning,
+    /// Profiling is not available on this platform.
+    Unsupported(&'static str),
+    /// A system call failed.
+    Io(std::io::Error),
+}
+
+impl fmt::Display for ProfilerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProfilerError::InvalidConfig { field, reason } => {
+                write!(f, "invalid profiler configuration: `{field}`: {reason}")
+            }
+            ProfilerError::AlreadyRunning => f.write_str("a spanprof profiler is already running"),
+            ProfilerError::Unsupported(why) => write!(f, "profiling unavailable: {why}"),
+            ProfilerError::Io(e) => write!(f, "profiler system call failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ProfilerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ProfilerError::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<std::io::Error> for ProfilerError {
+    fn from(e: std::io::Error) -> Self {
+        ProfilerError::Io(e)
+    }
+}
+
+/// Configures and starts a [`Profiler`]. Every setter documents its default.
+#[derive(Debug, Clone)]
+pub struct ProfilerBuilder {
+    pub(super) baseline_hz: u32,
+    pub(super) high_hz: u32,
+    pub(super) ring_capacity: usize,
+    pub(super) drain_interval: Duration,
+    pub(super) use_perf_events: bool,
+    pub(super) store: StoreConfig,
+    pub(super) cache_bytes: usize,
+}
+
+impl Default for ProfilerBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ProfilerBuilder {
+    /// A builder with the documented defaults.
+    pub fn new() -> Self {
+        ProfilerBuilder {
+            baseline_hz: DEFAULT_BASELINE_HZ,
+            high_hz: DEFAULT_HIGH_HZ,
+            ring_capacity: DEFAULT_RING_CAPACITY,
+            drain_interval: DEFAULT_DRAIN_INTERVAL,
+            use_perf_events: true,
+            store: StoreConfig::default(),
+            cache_bytes: DEFAULT_CACHE_BYTES,
+        }
+    }
+
+    /// Samples per CPU-second of every registered thread. Defaults to
+    /// [`DEFAULT_BASELINE_HZ`] (99). Must be in 1..=1000.
+    pub fn baseline_hz(mut self, hz: u32) -> Self {
+        self.baseline_hz = hz;
+        self
+    }
+
+    /// Samples per CPU-second while hot work runs on a thread. Defaults to
+    /// [`DEFAULT_HIGH_HZ`] (1000). Must be at least the baseline and at most
+    /// [`MAX_HIGH_HZ`]. Without perf events the timer caps it near the kernel tick.
+    pub fn high_hz(mut self, hz: u32) -> Self {
+        self.high_hz = hz;
+        self
+    }
+
+    /// Samples each thread's ring holds between collector drains; when full, samples
+    /// are dropped and counted. Defaults to [`DEFAULT_RING_CAPACITY`] (256). At least 8.
+    pub fn ring_capacity(mut self, n: usize) -> Self {
+        self.ring_capacity = n;
+        self
+    }
+
+    /// How often the collector drains the rings. Defaults to
+    /// [`DEFAULT_DRAIN_INTERVAL`] (20 ms). Between 1 ms and 10 s.
+    pub fn drain_interval(mut self, d: Duration) -> Self {
+        self.drain_interval = d;
+        self
+    }
+
+    /// Whether to use per-thread perf events for the high rate. Defaults to `true`;
+    /// when the kernel refuses them the profiler falls back to the timer anyway.
+    pub fn use_perf_events(mut self, yes: bool) -> Self {
+        self.use_perf_events = yes;
+        self
+    }
+
+    /// Estimated bytes the collector's caches may hold together, beside the store:
+    /// symbolized stacks by raw addresses (half), the symbolizer's frames and names
+    /// (three eighths), labels of samples for open windows (an eighth). Past it the
+    /// least recently used entries go, counted ([`Profiler::memory_stats`]); a
+    /// smaller bound costs symbolization time, not data. Defaults to
+    /// [`DEFAULT_CACHE_BYTES`] (32 MiB). At least 1 MiB.
+    pub fn cache_bytes(mut self, bytes: usize) -> Self {
+        self.cache_bytes = bytes;
+        self
+    }
+
+    /// Takes the rates from the environment where set: `SPANPROF_BASELINE_HZ` and
+    /// `SPANPROF_HIGH_HZ` (whole numbers of Hz, the same bounds as
+    /// [`ProfilerBuilder::baseline_hz`] and [`ProfilerBuilder::high_hz`]); settings
+    /// made after this call win. A value that is not a number is an error naming the
+    /// variable; [`Profiler::current_or_start`] (what the layers use when no profiler
+    /// runs) reads them.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), spanprof_core::ProfilerError> {
+    /// let builder = spanprof_core::Profiler::builder().with_env()?;
+    /// # drop(builder);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_env(self) -> Result<Self, ProfilerError> {
+        self.with_vars(|k| std::env::var(k).ok())
+    }
+
+    pub(crate) fn with_vars(
+        mut self,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ProfilerError> {
+        let hz = |name: &'static str| -> Result<Option<u32>, ProfilerError> {
+            let Some(v) = var(name) else { return Ok(None) };
+            v.trim()
+                .parse::<u32>()
+                .map(Some)
+                .map_err(|_| ProfilerError::InvalidConfig {
+                    field: name,
+                    reason: format!("`{v}` is not a whole number of Hz"),
+                })
+        };
+        if let Some(b) = hz("SPANPROF_BASELINE_HZ")? {
+            self.baseline_hz = b;
+        }
+        if let Some(h) = hz("SPANPROF_HIGH_HZ")? {
+            self.high_hz = h;
+        }
+        Ok(self)
+    }
+
+    /// Bounds of the span profile store. Defaults to [`StoreConfig::default`].
+    pub fn store(mut self, store: StoreConfig) -> Self {
+        self.store = store;
+        self
+    }
+
+    fn validate(&self) -> Result<(), ProfilerError> {
+        let bad = |field, reason: String| Err(ProfilerError::InvalidConfig { field, reason });
+        if !(1..=1000).contains(&self.baseline_hz) {
+            return bad(
+                "baseline_hz",
+                format!("{} is not in 1..=1000", self.baseline_hz),
+            );
+        }
+        if self.high_hz < self.baseline_hz {
+            return bad(
+                "high_hz",
+                format!("{} is below baseline_hz {}", self.high_hz, self.baseline_hz),
+            );
+        }
+        if self.high_hz > MAX_HIGH_HZ {
+            return bad(
+                "high_hz",
+                format!("{} is above {MAX_HIGH_HZ}", self.high_hz),
+            );
+        }
+        if self.ring_capacity < 8 {
+            return bad(
+                "ring_capacity",
+                format!("{} is below 8", self.ring_capacity),
+            );
+        }
+        if self.drain_interval < Duration::from_millis(1)
+            || self.drain_interval > Duration::from_secs(10)
+        {
+            return bad(
+                "drain_interval",
+                format!("{:?} is not between 1ms and 10s", self.drain_interval),
+            );
+        }
+        if self.cache_bytes < 1 << 20 {
+            return bad(
+                "cache_bytes",
+                format!("{} is below 1 MiB", self.cache_bytes),
+            );
+        }
+        self.store.validate()
+    }
+
+    /// Starts the profiler: installs the signal handler, arms every registered
+    /// thread and starts the collector thread.
+    pub fn start(self) -> Result<Profiler, ProfilerError> {
+        self.validate()?;
+        let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+        if running.is_some() {
+            return Err(ProfilerError::AlreadyRunning);
+        }
+        let inner = start_platform(self)?;
+        *running = Some(inner.clone());
+        Ok(Profiler { inner })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_come_from_the_environment_and_bad_values_name_the_variable() {
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        let b = ProfilerBuilder::new()
+            .with_vars(vars(&[
+                ("SPANPROF_BASELINE_HZ", "49"),
+                ("SPANPROF_HIGH_HZ", " 2000 "),
+            ]))
+            .unwrap();
+        assert_eq!((b.baseline_hz, b.high_hz), (49, 2000));
+        let b = ProfilerBuilder::new().with_vars(vars(&[])).unwrap();
+        assert_eq!(
+            (b.baseline_hz, b.high_hz),
+            (DEFAULT_BASELINE_HZ, DEFAULT_HIGH_HZ)
+        );
+        let e = ProfilerBuilder::new()
+            .with_vars(vars(&[("SPANPROF_HIGH_HZ", "1kHz")]))
+            .unwrap_err();
+        assert!(e.to_string().contains("SPANPROF_HIGH_HZ"), "{e}");
+    }
+}

@@ -1,0 +1,190 @@
+//! The thread registry: which threads are sampled, their registration, and the
+//! poll path's two entry points (register on first labelled poll, hot push).
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::sys;
+
+use super::*;
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RunConfig {
+    pub(super) baseline_ns: u64,
+    pub(super) high_ns: u64,
+    pub(super) use_perf: bool,
+}
+
+#[derive(Default)]
+pub(crate) struct Registry {
+    pub(super) run: Option<RunConfig>,
+    pub(crate) threads: Vec<Arc<sys::ThreadSampler>>,
+    /// Counters of threads already removed.
+    pub(crate) retired_stats: SamplerStats,
+}
+
+pub(super) static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+    run: None,
+    threads: Vec::new(),
+    retired_stats: SamplerStats {
+        threads: 0,
+        samples: 0,
+        dropped_ring_full: 0,
+        dropped_backlog: 0,
+        superseded: 0,
+        high_rate_in_cold: 0,
+        truncated: 0,
+        detached: 0,
+        rearm_failed: 0,
+    },
+});
+pub(super) static RUNNING: Mutex<Option<Arc<ProfilerInner>>> = Mutex::new(None);
+/// Fast check for the poll path: is a profiler running?
+pub(super) static PROFILING: AtomicBool = AtomicBool::new(false);
+
+pub(crate) fn registry() -> MutexGuard<'static, Registry> {
+    REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(super) fn sampler_stats() -> SamplerStats {
+    let reg = registry();
+    let mut s = reg.retired_stats;
+    s.threads = 0;
+    for t in &reg.threads {
+        if !t.retired.load(Ordering::Relaxed) {
+            s.threads += 1;
+        }
+        add_thread_stats(&mut s, t);
+    }
+    s
+}
+
+pub(crate) fn add_thread_stats(s: &mut SamplerStats, t: &sys::ThreadSampler) {
+    s.samples += t.samples.load(Ordering::Relaxed);
+    s.dropped_ring_full += t.ring.dropped_full();
+    s.superseded += t.superseded.load(Ordering::Relaxed);
+    s.high_rate_in_cold += t.perf_cold.load(Ordering::Relaxed);
+    s.truncated += t.truncated.load(Ordering::Relaxed);
+    s.detached += t.detached.load(Ordering::Relaxed);
+    s.rearm_failed += t.rearm_failed.load(Ordering::Relaxed);
+}
+
+/// Removes drained retired threads (called by the collector after draining).
+pub(crate) fn prune_retired(reg: &mut Registry) {
+    let mut i = 0;
+    while i < reg.threads.len() {
+        if reg.threads[i].retired.load(Ordering::Relaxed) {
+            let t = reg.threads.swap_remove(i);
+            let mut s = reg.retired_stats;
+            add_thread_stats(&mut s, &t);
+            reg.retired_stats = s;
+        } else {
+            i += 1;
+        }
+    }
+}
+
+// Registration state of this thread: 0 unknown, 1 registered, 2 opted out.
+thread_local! {
+    static REG_STATE: Cell<u8> = const { Cell::new(0) };
+    static REG_GUARD: std::cell::RefCell<Option<ThreadRegistration>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Keeps the calling thread registered for sampling; deregisters on drop.
+///
+/// Made by [`register_current_thread`]. The registration also ends, at the latest,
+/// when the thread exits.
+#[derive(Debug)]
+pub struct ThreadRegistration {
+    #[cfg(spanprof_sampler)]
+    sampler: Arc<sys::ThreadSampler>,
+}
+
+/// Registers the calling thread for CPU sampling (idempotent) until it exits or
+/// [`deregister_current_thread`] is called. Threads registered before the profiler
+/// starts are armed when it starts. Returns whether this call registered it.
+///
+/// tokio runtimes built with [`crate::install_runtime_hooks`] call this on every
+/// worker and blocking thread; a thread that polls labelled work while a profiler is
+/// running registers itself on its first labelled poll.
+pub fn register_current_thread() -> bool {
+    #[cfg(spanprof_sampler)]
+    {
+        if REG_STATE.with(|s| s.get()) == 1 {
+            return false;
+        }
+        let sampler = sys::ThreadSampler::for_current_thread(ring_capacity_hint());
+        sampler.attach_current();
+        {
+            let mut reg = registry();
+            if let Some(run) = reg.run
+                && let Err(e) = sampler.arm(run.baseline_ns, run.high_ns, run.use_perf)
+            {
+                tracing::warn!(tid = sampler.tid, error = %e, "spanprof: could not arm thread");
+            }
+            reg.threads.push(sampler.clone());
+        }
+        REG_STATE.with(|s| s.set(1));
+        let _ = REG_GUARD.try_with(|g| *g.borrow_mut() = Some(ThreadRegistration { sampler }));
+        true
+    }
+    #[cfg(not(spanprof_sampler))]
+    {
+        false
+    }
+}
+
+#[cold]
+#[inline(never)]
+pub(super) fn register_lazily() {
+    if register_current_thread() {
+        crate::setup::thread_registered_lazily();
+    }
+}
+
+/// Stops sampling the calling thread and releases its timer and perf event. Its
+/// last samples are still collected.
+pub fn deregister_current_thread() {
+    let _ = REG_GUARD.try_with(|g| g.borrow_mut().take());
+    let _ = REG_STATE.try_with(|s| s.set(2));
+}
+
+impl Drop for ThreadRegistration {
+    fn drop(&mut self) {
+        #[cfg(spanprof_sampler)]
+        {
+            sys::ThreadSampler::detach_current();
+            let mut reg = registry();
+            self.sampler.disarm();
+            self.sampler.retired.store(true, Ordering::Relaxed);
+            if reg.run.is_none() {
+                prune_retired(&mut reg);
+            }
+        }
+    }
+}
+
+pub(super) static RING_CAPACITY: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(DEFAULT_RING_CAPACITY);
+
+pub(super) fn ring_capacity_hint() -> usize {
+    RING_CAPACITY.load(Ordering::Relaxed)
+}
+
+/// On the poll path: registers a thread that polls labelled work while a profiler
+/// runs. One thread-local read when already decided.
+#[inline(always)]
+pub(crate) fn ensure_thread_registered() {
+    if REG_STATE.with(|s| s.get()) == 0 && PROFILING.load(Ordering::Relaxed) {
+        register_lazily();
+    }
+}
+
+#[inline]
+pub(crate) fn on_hot_push(label_high_ns: u64) {
+    #[cfg(spanprof_sampler)]
+    sys::on_hot_push(label_high_ns);
+    #[cfg(not(spanprof_sampler))]
+    let _ = label_high_ns;
+}
