@@ -130,7 +130,15 @@ fn the_documented_setup_warns_about_nothing_and_links_every_span() {
     let statuses = serve_and_get(&rt, app, &["/hash"; 20]);
     assert_eq!(statuses, [200; 20]);
     wait_until(|| profile_ids(&exporter) == 20);
-    assert_eq!(all_warnings(&logs), Vec::<String>::new());
+    assert_eq!(profile_ids(&exporter), 20);
+    let mut unexpected = all_warnings(&logs);
+    if !cfg!(tokio_unstable) {
+        // This pass of the suite is built without it on purpose: that is a mistake
+        // the documented set-up avoids, and it is the one warning here.
+        assert_eq!(warnings(&logs, "tokio_unstable").len(), 1, "{unexpected:?}");
+        unexpected.retain(|w| !w.contains("tokio_unstable"));
+    }
+    assert_eq!(unexpected, Vec::<String>::new());
 }
 
 #[test]
