@@ -1,0 +1,90 @@
+//! Spans: each span's samples by stack, oldest evicted first.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::intern::{self};
+use crate::profile::{Hotness, SampleLabels};
+
+use super::*;
+
+pub(super) struct SpanEntry {
+    pub(super) labels: Arc<SampleLabels>,
+    pub(super) seq: u64,
+    pub(super) first_ns: u64,
+    pub(super) last_ns: u64,
+    pub(super) samples: u64,
+    pub(super) cpu_ns: u64,
+    pub(super) max_hot: Hotness,
+    pub(super) stacks: HashMap<(u32, Hotness), Counts>,
+}
+
+impl State {
+    pub(super) fn add_to_span(
+        &mut self,
+        l: &IncomingLabels,
+        stack: u32,
+        time_ns: u64,
+        weight: u64,
+    ) {
+        if !self.spans.contains_key(&l.span_id) {
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            self.span_order.push_back((l.span_id, seq));
+            self.bytes += SPAN_BYTES;
+            self.spans.insert(
+                l.span_id,
+                SpanEntry {
+                    labels: Arc::new(SampleLabels {
+                        trace_id: l.trace_id,
+                        span_id: l.span_id,
+                        parent_span_id: l.parent_span_id,
+                        root_span_id: l.root_span_id,
+                        span_name: intern::resolve(l.span_name),
+                        route: intern::resolve(l.route),
+                        hot: Hotness::Cold,
+                    }),
+                    seq,
+                    first_ns: time_ns,
+                    last_ns: time_ns,
+                    samples: 0,
+                    cpu_ns: 0,
+                    max_hot: Hotness::Cold,
+                    stacks: HashMap::new(),
+                },
+            );
+        }
+        let e = self.spans.get_mut(&l.span_id).expect("inserted above");
+        e.first_ns = e.first_ns.min(time_ns);
+        e.last_ns = e.last_ns.max(time_ns);
+        e.samples += 1;
+        e.cpu_ns += weight;
+        if (l.hot as u8) > (e.max_hot as u8) {
+            e.max_hot = l.hot;
+        }
+        let key = (stack, l.hot);
+        let is_new = !e.stacks.contains_key(&key);
+        e.stacks.entry(key).or_default().add(weight);
+        if is_new {
+            self.bytes += SPAN_STACK_BYTES;
+            self.stack_ref(stack);
+        }
+    }
+
+    pub(super) fn evict_oldest_span(&mut self) -> bool {
+        while let Some((id, seq)) = self.span_order.pop_front() {
+            if self.spans.get(&id).is_some_and(|e| e.seq == seq) {
+                let e = self.spans.remove(&id).expect("checked");
+                self.bytes = self
+                    .bytes
+                    .saturating_sub(SPAN_BYTES + SPAN_STACK_BYTES * e.stacks.len());
+                for (stack, _) in e.stacks.into_keys() {
+                    self.stack_unref(stack);
+                }
+                self.stats.spans_evicted += 1;
+                return true;
+            }
+        }
+        false
+    }
+}
