@@ -16,9 +16,10 @@ use std::time::Duration;
 
 use crate::cache::{BoundedCache, CacheStats};
 use crate::intern::NameId;
+use crate::profile::TRUNCATED_ADDR;
 use crate::profile::{Hotness, SampleLabels, Stack};
 use crate::store::{IncomingLabels, IncomingSample, SpanProfileStore};
-use crate::symbolize::{AddressSymbolizer, TRUNCATED_ADDR};
+use crate::symbolize::AddressSymbolizer;
 use crate::sys::ring::{FLAG_LABELLED, FLAG_TRUNCATED, RawSample};
 use crate::window::WindowInner;
 
@@ -83,11 +84,11 @@ impl Shared {
     fn drain(&self) {
         let mut raw: Vec<RawSample> = Vec::new();
         {
-            let mut reg = crate::sampler::registry();
+            let mut reg = crate::threads::registry();
             for t in &reg.threads {
                 t.ring.drain(&mut raw);
             }
-            crate::sampler::prune_retired(&mut reg);
+            crate::threads::prune_retired(&mut reg);
         }
         if raw.is_empty() {
             return;

@@ -96,7 +96,7 @@ mod task_table {
     use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
     use super::{INHERITED, LIVE, OVERFLOWED};
-    use crate::labels::LabelRecord;
+    use crate::record::LabelRecord;
     use crate::sys::slot;
 
     /// Slots in the table: the most labelled tasks alive at once (16 bytes each).
@@ -176,10 +176,10 @@ mod task_table {
             })
         };
         if let Some(high_ns) = slot::hook_push(record, k) {
-            crate::sampler::on_hot_push(high_ns);
+            crate::threads::on_hot_push(high_ns);
         }
         if !record.is_null() {
-            crate::sampler::ensure_thread_registered();
+            crate::threads::ensure_thread_registered();
         }
     }
 

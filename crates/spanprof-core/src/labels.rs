@@ -1,67 +1,14 @@
 //! Span labels: the identity of the work being polled, as written into every sample.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 use crate::intern::{self, NameId};
 use crate::profile::Hotness;
-
-/// The record a label slot points at. Immutable but for the atomics, so a signal
-/// handler that reads it through the slot's pointer never sees a torn value.
-#[derive(Debug)]
-pub(crate) struct LabelRecord {
-    pub(crate) trace_id: u128,
-    pub(crate) span_id: u64,
-    pub(crate) parent_span_id: u64,
-    pub(crate) root_span_id: u64,
-    pub(crate) span_name: NameId,
-    pub(crate) route: NameId,
-    /// A [`Hotness`] in the low bits, raised while the work runs (slow promotion),
-    /// and [`ENDED`] once the span has ended. Read as an `i8`, the byte is positive
-    /// exactly when the work is hot and its span still live ([`LabelRecord::is_hot`]).
-    pub(crate) state: AtomicU8,
-    /// Live [`SpanLabels`] handles. The span ends when the last one drops (or at
-    /// [`SpanLabels::end`]); references that only carry the labels into other work
-    /// (inherited by spawned tasks, `spawn_blocking`, `spawn_local`) do not count.
-    owners: AtomicUsize,
-    /// Samples taken while this record was in a slot (updated by the signal handler).
-    pub(crate) cpu_samples: AtomicU64,
-    /// The weighted CPU estimate of those samples, in nanoseconds.
-    pub(crate) cpu_ns: AtomicU64,
-    /// The local root's record when this is an inner span: the handler adds this
-    /// span's samples to the root's counters too, so a root's figures cover its tree.
-    pub(crate) root: Option<Arc<LabelRecord>>,
-    /// CLOCK_MONOTONIC time after which the work is promoted to `Slow` (0: never).
-    pub(crate) slow_deadline_ns: u64,
-    /// High sampling period for this work in ns (0: the profiler's).
-    pub(crate) high_ns: u64,
-    /// Poll accounting published by whoever polls this work ([`PollStats`]).
-    pub(crate) busy_ns: AtomicU64,
-    pub(crate) polls: AtomicU64,
-    pub(crate) max_poll_ns: AtomicU64,
-}
-
-/// The bit of [`LabelRecord::state`] set when the span has ended. From then on the
-/// signal handler writes samples of work still running under these labels as
-/// *detached* (no trace or span id, span name [`crate::DETACHED_SPAN_NAME`], the route
-/// kept) at the baseline rate, and counts nothing on the span.
-pub(crate) const ENDED: u8 = 0x80;
-const HOT_BITS: u8 = 0x7f;
-
-impl LabelRecord {
-    /// Whether the work is hot and its span has not ended: one load and one signed
-    /// compare, on every labelled poll.
-    #[inline(always)]
-    pub(crate) fn is_hot(&self) -> bool {
-        (self.state.load(Ordering::Relaxed) as i8) > 0
-    }
-
-    /// Marks the span ended (idempotent).
-    pub(crate) fn end(&self) {
-        self.state.fetch_or(ENDED, Ordering::Release);
-    }
-}
+use crate::record::{ENDED, HOT_BITS, LabelRecord};
+use crate::sys;
 
 /// Exact poll accounting of one span: time inside polls, number of polls, longest
 /// poll. Kept by the poller (no sampling involved) and published on the labels.
@@ -298,9 +245,9 @@ impl SpanLabels {
     pub fn enter_detached(&self) {
         let hot = crate::sys::slot::push_detached(&self.record);
         if hot {
-            crate::sampler::on_hot_push(self.record.high_ns);
+            crate::threads::on_hot_push(self.record.high_ns);
         }
-        crate::sampler::ensure_thread_registered();
+        crate::threads::ensure_thread_registered();
     }
 
     /// Pops labels pushed by [`SpanLabels::enter_detached`]. Returns false (and leaves
@@ -317,7 +264,7 @@ impl SpanLabels {
     /// on the thread that made it (it is `!Send`).
     #[inline]
     pub fn enter(&self) -> crate::LabelGuard<'_> {
-        crate::slot::push(&self.record)
+        push(&self.record)
     }
 
     /// Whether two handles point at the same label record.
@@ -458,4 +405,56 @@ impl SpanLabelsBuilder {
             max_poll_ns: AtomicU64::new(0),
         }))
     }
+}
+
+// ---- the per-thread label slot, as the rest of the crate sees it ----
+
+/// Restores the previous labels of this thread's slot when dropped.
+///
+/// Returned by [`SpanLabels::enter`]. Not `Send`: it must drop on the thread that
+/// pushed, and guards must drop in reverse order of creation (as scopes do).
+#[must_use = "the labels are popped as soon as the guard drops"]
+pub struct LabelGuard<'a> {
+    prev: *const LabelRecord,
+    _labels: PhantomData<&'a LabelRecord>,
+}
+
+impl std::fmt::Debug for LabelGuard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LabelGuard").finish_non_exhaustive()
+    }
+}
+
+/// Pushes `rec` into this thread's slot until the guard drops. The hot path of every
+/// labelled poll: one thread-local load and store, plus one byte read to see if the
+/// work is hot (and its span still live).
+#[inline]
+pub(crate) fn push(rec: &LabelRecord) -> LabelGuard<'_> {
+    let prev = sys::slot::replace(rec);
+    if rec.is_hot() {
+        crate::threads::on_hot_push(rec.high_ns);
+    }
+    crate::threads::ensure_thread_registered();
+    LabelGuard {
+        prev,
+        _labels: PhantomData,
+    }
+}
+
+impl Drop for LabelGuard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        sys::slot::restore(self.prev);
+    }
+}
+
+/// The labels active on this thread right now, if any (a new handle to them).
+///
+/// This is how work handed to another thread keeps its labels: capture here,
+/// [`SpanLabels::enter`] there ([`crate::spawn_blocking`] and [`crate::spawn_local`]
+/// do exactly that). The handle carries the labels without keeping their span alive:
+/// when the span ends, work still running under them is sampled as detached (see
+/// [`SpanLabels`]).
+pub fn current_labels() -> Option<SpanLabels> {
+    sys::slot::current().map(SpanLabels::carrying)
 }

@@ -7,21 +7,24 @@
 
 mod cache;
 mod collector;
+mod error;
 mod future;
 mod hooks;
 mod intern;
 mod labels;
 pub mod pprof;
 mod profile;
+mod record;
 mod sampler;
 pub mod setup;
-mod slot;
 mod store;
 mod symbolize;
 mod sys;
+mod threads;
 mod window;
 
 pub use cache::CacheStats;
+pub use error::ProfilerError;
 pub use future::{Labelled, WithSpanLabels, spawn_blocking, spawn_local};
 pub use hooks::{
     InheritanceStats, TASK_INHERITANCE, inheritance_stats, install_runtime_hooks, on_thread_start,
@@ -31,20 +34,23 @@ pub use intern::{
     DEFAULT_MAX_NAMES, DETACHED_SPAN_NAME, InternStats, MAX_NAME_LEN, OVERFLOW_NAME, intern_stats,
     set_max_names,
 };
+pub use labels::{LabelGuard, current_labels};
 pub use labels::{PollStats, SpanLabels, SpanLabelsBuilder};
 pub use profile::{
     Frame, FunctionCost, Hotness, Profile, ProfileSample, SampleLabels, SpanCost, Stack,
 };
 pub use sampler::{
     Capabilities, DEFAULT_BASELINE_HZ, DEFAULT_CACHE_BYTES, DEFAULT_DRAIN_INTERVAL,
-    DEFAULT_HIGH_HZ, DEFAULT_RING_CAPACITY, MAX_HIGH_HZ, Mechanism, MemoryStats, Profiler,
-    ProfilerBuilder, ProfilerError, SamplerStats, TIMER_MAX_HZ, ThreadRegistration,
-    deregister_current_thread, register_current_thread,
+    DEFAULT_HIGH_HZ, MAX_HIGH_HZ, MemoryStats, Profiler, ProfilerBuilder, TIMER_MAX_HZ,
 };
-pub use slot::{LabelGuard, current_labels};
 pub use store::{
     DEFAULT_BUCKET_WIDTH, DEFAULT_BUCKETS, DEFAULT_MAX_BYTES, DEFAULT_MAX_SPANS,
     DEFAULT_MAX_STACKS, SpanProfileStore, SpanSummary, StoreConfig, StoreStats,
+};
+pub use sys::Mechanism;
+pub use threads::{
+    DEFAULT_RING_CAPACITY, SamplerStats, ThreadRegistration, deregister_current_thread,
+    register_current_thread,
 };
 pub use window::{DEFAULT_WINDOW_ENTRIES, ProfileWindow};
 

@@ -5,6 +5,13 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+/// Address standing for "the stack was cut here": the last frame of a stack the
+/// unwinder truncated (symbolized as a marker frame).
+pub(crate) const TRUNCATED_ADDR: u64 = u64::MAX;
+/// Address standing for "stack table full": the stand-in stack of samples the store
+/// could not keep their own stack for.
+pub(crate) const OVERFLOW_ADDR: u64 = u64::MAX - 1;
+
 /// One symbolized stack frame. Inlined functions are separate frames with
 /// [`Frame::inlined`] set, so a flamegraph shows them as the code reads.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -109,7 +116,7 @@ impl ProfileSample {
     pub fn is_truncated(&self) -> bool {
         self.stack
             .last()
-            .is_some_and(|f| f.address == crate::symbolize::TRUNCATED_ADDR)
+            .is_some_and(|f| f.address == TRUNCATED_ADDR)
     }
 }
 
@@ -432,7 +439,7 @@ mod spine_tests {
         if truncated {
             frames.push(frame(
                 "[truncated: stack deeper than the unwind limit]",
-                crate::symbolize::TRUNCATED_ADDR,
+                TRUNCATED_ADDR,
             ));
         }
         ProfileSample {

@@ -10,12 +10,7 @@ use blazesym::symbolize::source::{Process, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 
 use crate::cache::{BoundedCache, CacheStats};
-use crate::profile::Frame;
-
-/// Address standing for "the stack was cut here" (see `FLAG_TRUNCATED`).
-pub(crate) const TRUNCATED_ADDR: u64 = u64::MAX;
-/// Address standing for "stack table full" (see the store).
-pub(crate) const OVERFLOW_ADDR: u64 = u64::MAX - 1;
+use crate::profile::{Frame, OVERFLOW_ADDR, TRUNCATED_ADDR};
 
 /// Names of functions and files shared by the frames of the address cache.
 type Names = BoundedCache<Arc<str>, Arc<str>>;

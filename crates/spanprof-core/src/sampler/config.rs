@@ -1,34 +1,10 @@
 //! The profiler's configuration: defaults, [`ProfilerBuilder`] and its errors.
 
-use std::fmt;
 use std::time::Duration;
 
 use crate::store::StoreConfig;
 
 use super::*;
-
-/// How a thread reaches its high sampling rate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mechanism {
-    /// A per-thread `perf_event_open` software `cpu-clock` event (rates well above
-    /// the kernel tick).
-    PerfEvent,
-    /// The per-thread CPU timer re-armed at the high period (capped by the kernel tick).
-    Timer,
-    /// No profiling on this platform or configuration.
-    Unavailable,
-}
-
-impl Mechanism {
-    /// `"perf_event"`, `"timer"` or `"unavailable"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mechanism::PerfEvent => "perf_event",
-            Mechanism::Timer => "timer",
-            Mechanism::Unavailable => "unavailable",
-        }
-    }
-}
 
 /// Default baseline sampling rate, per thread, in samples per CPU-second.
 pub const DEFAULT_BASELINE_HZ: u32 = 99;
@@ -36,8 +12,6 @@ pub const DEFAULT_BASELINE_HZ: u32 = 99;
 pub const DEFAULT_HIGH_HZ: u32 = 1000;
 /// Highest high rate accepted.
 pub const MAX_HIGH_HZ: u32 = 10_000;
-/// Default capacity of each thread's sample ring.
-pub const DEFAULT_RING_CAPACITY: usize = 256;
 /// Default bound on the collector's caches together (symbolized stacks, the
 /// symbolizer's frames and names, window labels), beside the store's own bound.
 pub const DEFAULT_CACHE_BYTES: usize = 32 << 20;
@@ -46,53 +20,6 @@ pub const DEFAULT_DRAIN_INTERVAL: Duration = Duration::from_millis(20);
 /// Highest rate the per-thread CPU timer reaches here: it is driven by the
 /// kernel tick (`CONFIG_HZ`, 250 on the machines this was measured on).
 pub const TIMER_MAX_HZ: u32 = 250;
-
-/// Why the profiler could not start.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum ProfilerError {
-    /// A configuration value is out of range; names the field.
-    InvalidConfig {
-        /// The field, as named by its builder method.
-        field: &'static str,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// A profiler is already running in this process.
-    AlreadyRunning,
-    /// Profiling is not available on this platform.
-    Unsupported(&'static str),
-    /// A system call failed.
-    Io(std::io::Error),
-}
-
-impl fmt::Display for ProfilerError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ProfilerError::InvalidConfig { field, reason } => {
-                write!(f, "invalid profiler configuration: `{field}`: {reason}")
-            }
-            ProfilerError::AlreadyRunning => f.write_str("a spanprof profiler is already running"),
-            ProfilerError::Unsupported(why) => write!(f, "profiling unavailable: {why}"),
-            ProfilerError::Io(e) => write!(f, "profiler system call failed: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for ProfilerError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            ProfilerError::Io(e) => Some(e),
-            _ => None,
-        }
-    }
-}
-
-impl From<std::io::Error> for ProfilerError {
-    fn from(e: std::io::Error) -> Self {
-        ProfilerError::Io(e)
-    }
-}
 
 /// Configures and starts a [`Profiler`]. Every setter documents its default.
 #[derive(Debug, Clone)]

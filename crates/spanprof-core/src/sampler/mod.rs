@@ -1,9 +1,11 @@
-//! The profiler: configuration, the registry of sampled threads, start and stop.
+//! The profiler: its configuration (`config.rs`) and the running handle, started
+//! and stopped (`profiler.rs`). The sampled threads are `crate::threads`.
 
 mod config;
 mod profiler;
-mod registry;
 
+pub(crate) use crate::error::ProfilerError;
+pub(crate) use crate::sys::Mechanism;
+pub(crate) use crate::threads::*;
 pub use config::*;
 pub use profiler::*;
-pub use registry::*;

@@ -116,32 +116,6 @@ pub struct Capabilities {
     pub max_high_hz: u32,
 }
 
-/// Counters of the sampler, summed over threads (including threads that ended).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SamplerStats {
-    /// Threads registered now.
-    pub threads: usize,
-    /// Samples written by the signal handler.
-    pub samples: u64,
-    /// Samples dropped because a thread's ring was full.
-    pub dropped_ring_full: u64,
-    /// Samples dropped because the collector's symbolization backlog was full.
-    pub dropped_backlog: u64,
-    /// Baseline ticks skipped because the high-rate event covered that time (the
-    /// tick landed in hot work).
-    pub superseded: u64,
-    /// High-rate samples skipped because they landed outside hot work (cold work is
-    /// the baseline timer's); the high-rate event then waits for the next hot poll.
-    pub high_rate_in_cold: u64,
-    /// Samples whose stack was cut at the frame limit.
-    pub truncated: u64,
-    /// Samples of work that outlived its span, written as detached (no trace or span
-    /// id, span name [`crate::DETACHED_SPAN_NAME`], the route kept).
-    pub detached: u64,
-    /// Failed perf event re-arms.
-    pub rearm_failed: u64,
-}
-
 /// Estimated memory of the profiler, part by part, with the bounds: what
 /// [`Profiler::memory_stats`] returns. Estimates count the data and their maps'
 /// slots, not the allocator's overhead; a stack or labels shared by the store and
@@ -366,3 +340,6 @@ pub(super) fn stop_platform() {
 
 #[cfg(not(spanprof_sampler))]
 pub(super) fn stop_platform() {}
+
+/// The running profiler, if any.
+pub(super) static RUNNING: Mutex<Option<Arc<ProfilerInner>>> = Mutex::new(None);

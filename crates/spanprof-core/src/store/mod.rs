@@ -6,9 +6,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
+use crate::error::ProfilerError;
 use crate::intern::NameId;
 use crate::profile::{Hotness, SampleLabels, Stack};
-use crate::sampler::ProfilerError;
 
 mod buckets;
 mod queries;
@@ -211,13 +211,13 @@ impl SpanProfileStore {
         }]);
         let mut stack_ids = HashMap::new();
         stack_ids.insert(
-            Box::from([crate::symbolize::OVERFLOW_ADDR].as_slice()),
+            Box::from([crate::profile::OVERFLOW_ADDR].as_slice()),
             OVERFLOW_STACK,
         );
         let state = State {
             cfg,
             stacks: vec![Some(StackEntry {
-                addrs: Box::from([crate::symbolize::OVERFLOW_ADDR].as_slice()),
+                addrs: Box::from([crate::profile::OVERFLOW_ADDR].as_slice()),
                 frames: overflow_frames,
                 refs: u32::MAX / 2,
             })],

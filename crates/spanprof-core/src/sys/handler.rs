@@ -17,7 +17,7 @@ use super::thread::ThreadSampler;
 use super::timer::CpuTimer;
 use super::{perf, slot, unwind};
 use crate::intern::NameId;
-use crate::labels::ENDED;
+use crate::record::ENDED;
 
 /// The signal both the CPU timers and the perf events deliver.
 pub(crate) const SIGNAL: i32 = libc::SIGPROF;

@@ -41,6 +41,29 @@ mod unsupported;
 #[cfg(not(spanprof_sampler))]
 pub(crate) use unsupported::*;
 
+/// How a thread reaches its high sampling rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mechanism {
+    /// A per-thread `perf_event_open` software `cpu-clock` event (rates well above
+    /// the kernel tick).
+    PerfEvent,
+    /// The per-thread CPU timer re-armed at the high period (capped by the kernel tick).
+    Timer,
+    /// No profiling on this platform or configuration.
+    Unavailable,
+}
+
+impl Mechanism {
+    /// `"perf_event"`, `"timer"` or `"unavailable"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mechanism::PerfEvent => "perf_event",
+            Mechanism::Timer => "timer",
+            Mechanism::Unavailable => "unavailable",
+        }
+    }
+}
+
 /// Most frames one sample keeps; deeper stacks are truncated and marked.
 pub const MAX_FRAMES: usize = 128;
 

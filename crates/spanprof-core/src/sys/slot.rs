@@ -11,7 +11,7 @@ use std::ptr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
-use crate::labels::LabelRecord;
+use crate::record::LabelRecord;
 
 thread_local! {
     // `const` initialisation and no `Drop`: access is a plain TLS offset, with no lazy
@@ -139,7 +139,7 @@ pub(crate) fn current() -> Option<Arc<LabelRecord>> {
         return None;
     }
     // SAFETY: 1. Every pointer stored in the slot comes from `Arc::as_ptr` of a label
-    // record (see `crate::slot::push`, the detached pushes and the hooks), and the
+    // record (see `crate::labels::push`, the detached pushes and the hooks), and the
     // pusher keeps a strong reference until it restores the previous value, which
     // happens on this thread after this call returns; so the strong count is at least
     // 1 here. 2. Incrementing it and then building an `Arc` from the same pointer gives

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
+use super::Mechanism;
 use super::ring::SampleRing;
 use super::timer::CpuTimer;
 use super::{handler, perf};
-use crate::sampler::Mechanism;
 
 /// Per-thread sampler state. Shared between the owning thread's signal handler, the
 /// registry (arm/disarm under its lock) and the collector (drains the ring).

@@ -7,24 +7,25 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::sys;
 
-use super::*;
+/// Default capacity of each thread's sample ring.
+pub const DEFAULT_RING_CAPACITY: usize = 256;
 
 #[derive(Debug, Clone, Copy)]
-pub(super) struct RunConfig {
-    pub(super) baseline_ns: u64,
-    pub(super) high_ns: u64,
-    pub(super) use_perf: bool,
+pub(crate) struct RunConfig {
+    pub(crate) baseline_ns: u64,
+    pub(crate) high_ns: u64,
+    pub(crate) use_perf: bool,
 }
 
 #[derive(Default)]
 pub(crate) struct Registry {
-    pub(super) run: Option<RunConfig>,
+    pub(crate) run: Option<RunConfig>,
     pub(crate) threads: Vec<Arc<sys::ThreadSampler>>,
     /// Counters of threads already removed.
     pub(crate) retired_stats: SamplerStats,
 }
 
-pub(super) static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+pub(crate) static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     run: None,
     threads: Vec::new(),
     retired_stats: SamplerStats {
@@ -39,15 +40,14 @@ pub(super) static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
         rearm_failed: 0,
     },
 });
-pub(super) static RUNNING: Mutex<Option<Arc<ProfilerInner>>> = Mutex::new(None);
 /// Fast check for the poll path: is a profiler running?
-pub(super) static PROFILING: AtomicBool = AtomicBool::new(false);
+pub(crate) static PROFILING: AtomicBool = AtomicBool::new(false);
 
 pub(crate) fn registry() -> MutexGuard<'static, Registry> {
     REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-pub(super) fn sampler_stats() -> SamplerStats {
+pub(crate) fn sampler_stats() -> SamplerStats {
     let reg = registry();
     let mut s = reg.retired_stats;
     s.threads = 0;
@@ -137,7 +137,7 @@ pub fn register_current_thread() -> bool {
 
 #[cold]
 #[inline(never)]
-pub(super) fn register_lazily() {
+pub(crate) fn register_lazily() {
     if register_current_thread() {
         crate::setup::thread_registered_lazily();
     }
@@ -165,10 +165,10 @@ impl Drop for ThreadRegistration {
     }
 }
 
-pub(super) static RING_CAPACITY: std::sync::atomic::AtomicUsize =
+pub(crate) static RING_CAPACITY: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(DEFAULT_RING_CAPACITY);
 
-pub(super) fn ring_capacity_hint() -> usize {
+pub(crate) fn ring_capacity_hint() -> usize {
     RING_CAPACITY.load(Ordering::Relaxed)
 }
 
@@ -187,4 +187,30 @@ pub(crate) fn on_hot_push(label_high_ns: u64) {
     sys::on_hot_push(label_high_ns);
     #[cfg(not(spanprof_sampler))]
     let _ = label_high_ns;
+}
+
+/// Counters of the sampler, summed over threads (including threads that ended).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SamplerStats {
+    /// Threads registered now.
+    pub threads: usize,
+    /// Samples written by the signal handler.
+    pub samples: u64,
+    /// Samples dropped because a thread's ring was full.
+    pub dropped_ring_full: u64,
+    /// Samples dropped because the collector's symbolization backlog was full.
+    pub dropped_backlog: u64,
+    /// Baseline ticks skipped because the high-rate event covered that time (the
+    /// tick landed in hot work).
+    pub superseded: u64,
+    /// High-rate samples skipped because they landed outside hot work (cold work is
+    /// the baseline timer's); the high-rate event then waits for the next hot poll.
+    pub high_rate_in_cold: u64,
+    /// Samples whose stack was cut at the frame limit.
+    pub truncated: u64,
+    /// Samples of work that outlived its span, written as detached (no trace or span
+    /// id, span name [`crate::DETACHED_SPAN_NAME`], the route kept).
+    pub detached: u64,
+    /// Failed perf event re-arms.
+    pub rearm_failed: u64,
 }

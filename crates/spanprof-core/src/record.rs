@@ -1,0 +1,66 @@
+//! The label record: the identity of the work being polled, as the signal handler
+//! reads it through the thread's label slot. Its own module so that the slot and the
+//! handler (in `sys`) and the public label handles (`labels`) all depend on it, and
+//! it on nothing of theirs.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+
+use crate::intern::NameId;
+
+/// The record a label slot points at. Immutable but for the atomics, so a signal
+/// handler that reads it through the slot's pointer never sees a torn value.
+#[derive(Debug)]
+pub(crate) struct LabelRecord {
+    pub(crate) trace_id: u128,
+    pub(crate) span_id: u64,
+    pub(crate) parent_span_id: u64,
+    pub(crate) root_span_id: u64,
+    pub(crate) span_name: NameId,
+    pub(crate) route: NameId,
+    /// A [`crate::Hotness`] in the low bits, raised while the work runs (slow promotion),
+    /// and [`ENDED`] once the span has ended. Read as an `i8`, the byte is positive
+    /// exactly when the work is hot and its span still live ([`LabelRecord::is_hot`]).
+    pub(crate) state: AtomicU8,
+    /// Live [`crate::SpanLabels`] handles. The span ends when the last one drops (or at
+    /// [`crate::SpanLabels::end`]); references that only carry the labels into other work
+    /// (inherited by spawned tasks, `spawn_blocking`, `spawn_local`) do not count.
+    pub(crate) owners: AtomicUsize,
+    /// Samples taken while this record was in a slot (updated by the signal handler).
+    pub(crate) cpu_samples: AtomicU64,
+    /// The weighted CPU estimate of those samples, in nanoseconds.
+    pub(crate) cpu_ns: AtomicU64,
+    /// The local root's record when this is an inner span: the handler adds this
+    /// span's samples to the root's counters too, so a root's figures cover its tree.
+    pub(crate) root: Option<Arc<LabelRecord>>,
+    /// CLOCK_MONOTONIC time after which the work is promoted to `Slow` (0: never).
+    pub(crate) slow_deadline_ns: u64,
+    /// High sampling period for this work in ns (0: the profiler's).
+    pub(crate) high_ns: u64,
+    /// Poll accounting published by whoever polls this work ([`crate::PollStats`]).
+    pub(crate) busy_ns: AtomicU64,
+    pub(crate) polls: AtomicU64,
+    pub(crate) max_poll_ns: AtomicU64,
+}
+
+/// The bit of [`LabelRecord::state`] set when the span has ended. From then on the
+/// signal handler writes samples of work still running under these labels as
+/// *detached* (no trace or span id, span name [`crate::DETACHED_SPAN_NAME`], the route
+/// kept) at the baseline rate, and counts nothing on the span.
+pub(crate) const ENDED: u8 = 0x80;
+/// The bits of [`LabelRecord::state`] holding the [`crate::Hotness`].
+pub(crate) const HOT_BITS: u8 = 0x7f;
+
+impl LabelRecord {
+    /// Whether the work is hot and its span has not ended: one load and one signed
+    /// compare, on every labelled poll.
+    #[inline(always)]
+    pub(crate) fn is_hot(&self) -> bool {
+        (self.state.load(Ordering::Relaxed) as i8) > 0
+    }
+
+    /// Marks the span ended (idempotent).
+    pub(crate) fn end(&self) {
+        self.state.fetch_or(ENDED, Ordering::Release);
+    }
+}
