@@ -1,11 +1,13 @@
 //! What the HTTP sinks share: the user agent, URL checks and redaction, the HTTP
 //! client with custom CA certificates, and how a response maps to the retry policy.
 
+#[cfg(any(feature = "pyroscope", feature = "otlp"))]
 use crate::{ExportError, SendError};
 
 /// `User-Agent` of every request spanprof sends.
 pub const USER_AGENT: &str = concat!("spanprof/", env!("CARGO_PKG_VERSION"));
 
+#[cfg(any(feature = "pyroscope", feature = "otlp"))]
 pub(crate) fn validate_url(field: &str, url: &str) -> Result<(), ExportError> {
     let ok = (url.starts_with("http://") || url.starts_with("https://"))
         && url.parse::<http::Uri>().is_ok_and(|u| u.host().is_some());
@@ -81,11 +83,13 @@ pub fn redact_url(url: &str) -> String {
     out
 }
 
+#[cfg(any(feature = "pyroscope", feature = "otlp"))]
 /// What `Debug` shows of PEM bytes: their size only.
 pub(crate) fn pem_summary(pem: &Option<Vec<u8>>) -> Option<String> {
     pem.as_ref().map(|p| format!("<{} bytes>", p.len()))
 }
 
+#[cfg(any(feature = "pyroscope", feature = "otlp"))]
 /// `base` with `path` appended to its path, before any query string.
 pub(crate) fn join_path(base: &str, path: &str) -> String {
     match base.split_once('?') {
@@ -94,6 +98,7 @@ pub(crate) fn join_path(base: &str, path: &str) -> String {
     }
 }
 
+#[cfg(any(feature = "pyroscope", feature = "otlp"))]
 /// An error and its causes, one after another (`a: b: c`).
 pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
@@ -109,6 +114,7 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+#[cfg(any(feature = "pyroscope", feature = "otlp"))]
 /// The first `max` bytes of `s`, or fewer to end on a character boundary.
 pub(crate) fn truncate_utf8(s: &mut String, max: usize) {
     if s.len() > max {
@@ -120,6 +126,7 @@ pub(crate) fn truncate_utf8(s: &mut String, max: usize) {
     }
 }
 
+#[cfg(any(feature = "pyroscope", feature = "otlp"))]
 /// The HTTP client of every sink: rustls with the ring provider (the one TLS stack of
 /// the workspace; reqwest's `rustls-tls` feature selects ring), webpki roots, plus
 /// the certificates of `ca_pem` (checked by [`parse_ca_certificates`]).
@@ -143,6 +150,7 @@ pub(crate) fn http_client(
     })
 }
 
+#[cfg(any(feature = "pyroscope", feature = "otlp"))]
 /// The certificates of a PEM bundle; an error naming `field` when it holds none or
 /// one that does not parse as a certificate.
 pub(crate) fn parse_ca_certificates(
@@ -169,6 +177,7 @@ pub(crate) fn parse_ca_certificates(
     Ok(certs)
 }
 
+#[cfg(any(feature = "pyroscope", feature = "otlp"))]
 /// Reads a PEM file of CA certificates named by configuration `field` (a variable
 /// such as `OTEL_EXPORTER_OTLP_CERTIFICATE`); errors name the field and the path.
 /// Only the file's `CERTIFICATE` blocks are kept: a private key in the same file
@@ -182,6 +191,7 @@ pub fn read_ca_certificates(field: &str, path: &std::path::Path) -> Result<Vec<u
     Ok(certs.into_bytes())
 }
 
+#[cfg(any(feature = "pyroscope", feature = "otlp"))]
 /// The `-----BEGIN CERTIFICATE-----` … `-----END CERTIFICATE-----` blocks of a PEM
 /// text, and nothing else.
 fn certificate_blocks(pem: &str) -> String {
@@ -203,9 +213,11 @@ fn certificate_blocks(pem: &str) -> String {
     out
 }
 
+#[cfg(any(feature = "pyroscope", feature = "otlp"))]
 /// Most bytes of a server's error message kept.
 const MAX_MESSAGE: usize = 512;
 
+#[cfg(any(feature = "pyroscope", feature = "otlp"))]
 /// Maps a response (or a transport error) to the retry policy. Transport errors are
 /// described without their URL (which may hold credentials).
 pub(crate) async fn classify(
@@ -251,12 +263,14 @@ mod tests {
         }
     }
 
+    #[cfg(any(feature = "pyroscope", feature = "otlp"))]
     #[test]
     fn paths_go_before_the_query_string() {
         assert_eq!(join_path("http://h/", "/v"), "http://h/v");
         assert_eq!(join_path("http://h/?t=1", "/v"), "http://h/v?t=1");
     }
 
+    #[cfg(any(feature = "pyroscope", feature = "otlp"))]
     #[test]
     fn truncation_ends_on_a_character_boundary() {
         let mut s = format!("x{}", "é".repeat(400));

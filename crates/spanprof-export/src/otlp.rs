@@ -83,7 +83,7 @@ impl std::fmt::Debug for OtlpProfilesConfig {
             .field("delivery", &self.delivery)
             .field(
                 "ca_certificates_pem",
-                &crate::pem_summary(&self.ca_certificates_pem),
+                &crate::http::pem_summary(&self.ca_certificates_pem),
             )
             .finish()
     }
@@ -248,11 +248,11 @@ impl OtlpProfilesConfig {
             Some((name @ "OTEL_EXPORTER_OTLP_ENDPOINT", base))
                 if protocol == OtlpProtocol::HttpProtobuf =>
             {
-                (name, crate::join_path(base.trim(), HTTP_PATH))
+                (name, crate::http::join_path(base.trim(), HTTP_PATH))
             }
             Some((name, e)) => (name, e.trim().to_owned()),
         };
-        crate::validate_url(endpoint_var, &endpoint)?;
+        crate::http::validate_url(endpoint_var, &endpoint)?;
         let mut cfg = OtlpProfilesConfig::new(endpoint, protocol);
         if let Some(name) = var("OTEL_SERVICE_NAME").filter(|s| !s.is_empty()) {
             cfg.service_name = name;
@@ -286,7 +286,7 @@ impl OtlpProfilesConfig {
     }
 
     fn validate(&self) -> Result<(), ExportError> {
-        crate::validate_url("endpoint", &self.endpoint)?;
+        crate::http::validate_url("endpoint", &self.endpoint)?;
         for (k, v) in &self.headers {
             check_header("headers", k, v)?;
         }
@@ -484,7 +484,7 @@ impl Transport for HttpTransport {
                 .headers(self.headers.clone())
                 .header(http::header::CONTENT_TYPE, "application/x-protobuf")
                 .body(payload.to_vec());
-            crate::classify(req.send().await).await
+            crate::http::classify(req.send().await).await
         })
     }
 }
@@ -579,7 +579,7 @@ impl OtlpProfilesExporter {
                 "otlp-profiles",
                 cfg.delivery.clone(),
                 HttpTransport {
-                    client: crate::http_client(
+                    client: crate::http::http_client(
                         "ca_certificates_pem",
                         cfg.ca_certificates_pem.as_deref(),
                     )?,
@@ -595,7 +595,7 @@ impl OtlpProfilesExporter {
                 if cfg.endpoint.starts_with("https://") {
                     let mut tls = tonic::transport::ClientTlsConfig::new().with_webpki_roots();
                     if let Some(pem) = &cfg.ca_certificates_pem {
-                        crate::parse_ca_certificates("ca_certificates_pem", pem)?;
+                        crate::http::parse_ca_certificates("ca_certificates_pem", pem)?;
                         tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(pem));
                     }
                     let field = if cfg.ca_certificates_pem.is_some() {

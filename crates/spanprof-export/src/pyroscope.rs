@@ -132,7 +132,7 @@ impl std::fmt::Debug for PyroscopeConfig {
             .field("delivery", &self.delivery)
             .field(
                 "ca_certificates_pem",
-                &crate::pem_summary(&self.ca_certificates_pem),
+                &crate::http::pem_summary(&self.ca_certificates_pem),
             )
             .finish()
     }
@@ -214,7 +214,7 @@ impl PyroscopeConfig {
     }
 
     fn validate(&self) -> Result<(), ExportError> {
-        crate::validate_url("server", &self.server)?;
+        crate::http::validate_url("server", &self.server)?;
         if self.service_name.is_empty() {
             return Err(ExportError::config("service_name", "must not be empty"));
         }
@@ -360,7 +360,7 @@ impl Transport for PushTransport {
             if let Some(t) = &self.tenant_id {
                 req = req.header("X-Scope-OrgID", t);
             }
-            crate::classify(req.send().await).await
+            crate::http::classify(req.send().await).await
         })
     }
 }
@@ -376,8 +376,11 @@ impl PyroscopeExporter {
     pub fn start(cfg: PyroscopeConfig, source: ProfileSource) -> Result<Self, ExportError> {
         cfg.validate()?;
         let transport = PushTransport {
-            client: crate::http_client("ca_certificates_pem", cfg.ca_certificates_pem.as_deref())?,
-            url: crate::join_path(&cfg.server, PUSH_PATH),
+            client: crate::http::http_client(
+                "ca_certificates_pem",
+                cfg.ca_certificates_pem.as_deref(),
+            )?,
+            url: crate::http::join_path(&cfg.server, PUSH_PATH),
             auth: cfg.auth.clone(),
             tenant_id: cfg.tenant_id.clone(),
         };

@@ -7,7 +7,11 @@ use std::time::{Duration, Instant};
 
 use spanprof_core::Profile;
 
-use crate::{Delivery, DeliveryStats, OtlpProfilesExporter, ProfileSource, PyroscopeExporter};
+#[cfg(feature = "otlp")]
+use crate::OtlpProfilesExporter;
+#[cfg(feature = "pyroscope")]
+use crate::PyroscopeExporter;
+use crate::{Delivery, DeliveryStats, ProfileSource};
 
 /// The state of an interval thread.
 #[derive(Default)]
@@ -222,12 +226,14 @@ impl Sinks {
     }
 }
 
+#[cfg(feature = "pyroscope")]
 impl From<PyroscopeExporter> for Sinks {
     fn from(e: PyroscopeExporter) -> Self {
         Sinks(vec![e.into_exporter()])
     }
 }
 
+#[cfg(feature = "otlp")]
 impl From<OtlpProfilesExporter> for Sinks {
     fn from(e: OtlpProfilesExporter) -> Self {
         Sinks(vec![e.into_exporter()])
