@@ -143,3 +143,85 @@ impl WindowInner {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::{Frame, Hotness};
+
+    fn stack(name: &str) -> Stack {
+        vec![Frame {
+            function: Arc::from(name),
+            file: None,
+            line: 0,
+            address: 1,
+            inlined: false,
+        }]
+        .into()
+    }
+
+    fn labels(span_id: u64) -> Option<Arc<SampleLabels>> {
+        Some(Arc::new(SampleLabels {
+            trace_id: 1,
+            span_id,
+            parent_span_id: 0,
+            root_span_id: span_id,
+            span_name: Arc::from("span"),
+            route: Arc::from("/r"),
+            hot: Hotness::Cold,
+        }))
+    }
+
+    #[test]
+    fn samples_aggregate_per_labels_and_stack_and_take_starts_a_new_interval() {
+        let (window, inner) = ProfileWindow::new(100, 10_101_010);
+        let inner = inner.upgrade().unwrap();
+        let (a, b) = (labels(1), labels(2));
+        let (s, t) = (stack("f"), stack("g"));
+        inner.add(&a, &s, 10);
+        inner.add(&a, &s, 20);
+        inner.add(&a, &t, 5);
+        inner.add(&b, &s, 7);
+        inner.add(&None, &s, 1);
+        assert_eq!(inner.entries(), 4);
+        let p = window.take();
+        assert_eq!(p.period_ns, 10_101_010);
+        assert_eq!((p.sample_count(), p.cpu_ns()), (5, 43));
+        let aa = p
+            .samples
+            .iter()
+            .find(|x| {
+                x.labels.as_ref().is_some_and(|l| l.span_id == 1) && &*x.stack[0].function == "f"
+            })
+            .unwrap();
+        assert_eq!((aa.count, aa.cpu_ns), (2, 30));
+        // The next interval starts empty, where the last one ended.
+        let q = window.take();
+        assert!(q.samples.is_empty());
+        assert!(q.start >= p.start);
+    }
+
+    #[test]
+    fn a_full_interval_drops_new_pairs_and_counts_them_but_adds_to_known_ones() {
+        let (window, inner) = ProfileWindow::new(2, 1);
+        let inner = inner.upgrade().unwrap();
+        let (s, t, u) = (stack("f"), stack("g"), stack("h"));
+        inner.add(&None, &s, 1);
+        inner.add(&None, &t, 1);
+        inner.add(&None, &u, 1); // a third pair: dropped
+        inner.add(&None, &s, 1); // a known pair: still counted
+        assert_eq!(window.dropped(), 1);
+        let p = window.take();
+        assert_eq!((p.samples.len(), p.sample_count()), (2, 3));
+        // Room again after the take.
+        inner.add(&None, &u, 1);
+        assert_eq!(window.take().sample_count(), 1);
+    }
+
+    #[test]
+    fn a_closed_window_is_no_longer_reachable_by_the_collector() {
+        let (window, weak) = ProfileWindow::new(10, 1);
+        drop(window);
+        assert!(weak.upgrade().is_none());
+    }
+}
