@@ -226,18 +226,6 @@ impl SpanLabels {
         }
     }
 
-    /// Whether the work has a slow deadline that has passed (and promotes it if so).
-    /// The signal handler makes the same check at every sample, so work stuck in one
-    /// long poll is promoted within one baseline period.
-    pub fn check_slow(&self) -> bool {
-        let d = self.record.slow_deadline_ns;
-        if d != 0 && crate::sys::monotonic_now_ns() >= d {
-            self.promote(Hotness::Slow);
-            return true;
-        }
-        false
-    }
-
     /// Pushes these labels for callback-style instrumentation (an `on_enter` without
     /// a guard to hold): the previous value is kept on a small per-thread stack (with
     /// a reference to the labels, so they outlive the push) until the matching
