@@ -54,8 +54,9 @@ pub use threads::{
 };
 pub use window::{DEFAULT_WINDOW_ENTRIES, ProfileWindow};
 
-#[cfg(spanprof_sampler)]
+#[cfg(all(spanprof_sampler, feature = "testing"))]
 pub use sys::HandlerAllocCounter;
+#[cfg(feature = "testing")]
 pub use sys::{POISON_BYTE, QuarantineAlloc};
 
 /// Whether the calling thread is inside spanprof's profiling signal handler right

@@ -7,11 +7,12 @@
 //! on in a `// SAFETY:` comment.
 #![allow(unsafe_code)]
 
+#[cfg(feature = "testing")]
 mod quarantine;
 pub(crate) mod ring;
 pub(crate) mod slot;
 
-#[cfg(spanprof_sampler)]
+#[cfg(all(spanprof_sampler, feature = "testing"))]
 mod alloc_counter;
 #[cfg(spanprof_sampler)]
 mod handler;
@@ -24,12 +25,13 @@ mod timer;
 #[cfg(spanprof_sampler)]
 mod unwind;
 
-#[cfg(spanprof_sampler)]
+#[cfg(all(spanprof_sampler, feature = "testing"))]
 pub use alloc_counter::HandlerAllocCounter;
 #[cfg(spanprof_sampler)]
 pub(crate) use handler::{
     in_signal_handler, install_handler, on_hot_push, set_enabled, uninstall_handler,
 };
+#[cfg(feature = "testing")]
 pub use quarantine::{POISON_BYTE, QuarantineAlloc};
 #[cfg(spanprof_sampler)]
 pub(crate) use thread::{ThreadSampler, probe_perf_events};
