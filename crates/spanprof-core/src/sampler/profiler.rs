@@ -126,7 +126,7 @@ pub struct Capabilities {
 pub struct MemoryStats {
     /// The store's estimate ([`crate::StoreStats::bytes`]).
     pub store_bytes: usize,
-    /// Its bound ([`StoreConfig::max_bytes`]).
+    /// Its bound ([`crate::StoreConfig::max_bytes`]).
     pub store_max_bytes: usize,
     /// Symbolized stacks by raw addresses.
     pub stack_cache: CacheStats,
