@@ -10,7 +10,6 @@ use std::collections::HashMap;
 use std::time::{Duration, UNIX_EPOCH};
 
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
-use opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_client::ProfilesServiceClient;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value};
 use opentelemetry_proto::tonic::profiles::v1development as pb;
 use opentelemetry_proto::tonic::resource::v1::Resource;
@@ -500,19 +499,13 @@ struct GrpcTransport {
 impl Transport for GrpcTransport {
     fn send<'a>(&'a self, payload: &'a [u8]) -> SendFuture<'a> {
         Box::pin(async move {
-            let request =
-                ExportProfilesServiceRequest::decode(payload).map_err(|e| SendError::Rejected {
-                    status: 0,
-                    message: e.to_string(),
-                })?;
             let channel = self
                 .channel
                 .get_or_init(|| self.endpoint.connect_lazy())
                 .clone();
-            let mut client = ProfilesServiceClient::new(channel);
-            let mut request = tonic::Request::new(request);
+            let mut request = tonic::Request::new(payload.to_vec());
             *request.metadata_mut() = self.metadata.clone();
-            match client.export(request).await {
+            match export_raw(channel, request).await {
                 Ok(_) => Ok(()),
                 Err(status) => {
                     use tonic::Code;
@@ -534,6 +527,77 @@ impl Transport for GrpcTransport {
                 }
             }
         })
+    }
+}
+
+/// The gRPC method the official client calls (`ProfilesServiceClient::export`).
+const EXPORT_PATH: &str =
+    "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export";
+
+/// One `Export` call with the payload as the delivery queue holds it: an encoded
+/// `ExportProfilesServiceRequest`, sent as it is rather than decoded into a message
+/// for the generated client to encode again. Errors map as the generated client's do
+/// (a channel that is not ready is `Unknown`).
+async fn export_raw(
+    channel: tonic::transport::Channel,
+    request: tonic::Request<Vec<u8>>,
+) -> Result<(), tonic::Status> {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))?;
+    let path = http::uri::PathAndQuery::from_static(EXPORT_PATH);
+    grpc.unary::<_, (), _>(request, path, RawCodec)
+        .await
+        .map(drop)
+}
+
+/// A codec that sends already-encoded protobuf bytes and ignores the answer's body
+/// (`ExportProfilesServiceResponse`: a partial-success count, not acted on).
+#[derive(Debug, Clone, Copy, Default)]
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = ();
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        RawCodec
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        use bytes::BufMut;
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = ();
+    type Error = tonic::Status;
+
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<()>, tonic::Status> {
+        use bytes::Buf;
+        src.advance(src.remaining());
+        Ok(Some(()))
     }
 }
 
