@@ -92,59 +92,55 @@ fn serve(mode: &str, sink: &str) {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.worker_threads(2).enable_all();
     let app = service::routes();
-    let rt;
-    let mut _keep: Vec<Box<dyn std::any::Any>> = Vec::new();
-    match mode {
-        "none" => rt = builder.build().expect("runtime"),
-        "stack" => {
-            let provider = SdkTracerProvider::builder()
-                .with_span_processor(service::batch_processor())
-                .build();
-            tracing_subscriber::registry()
-                .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("overhead")))
-                .init();
-            _keep.push(Box::new(provider));
-            rt = builder.build().expect("runtime");
-            return service::serve(&rt, app.layer(TraceLayer::new_for_http()), process_cpu_ns);
-        }
-        "baseline" | "hot10" => {
-            let profiler = spanprof::Profiler::builder()
-                .baseline_hz(99)
-                .high_hz(1000)
-                .start()
-                .expect("profiler");
-            let provider = SdkTracerProvider::builder()
-                .with_span_processor(SpanProfileProcessor::new(service::batch_processor()))
-                .build();
-            tracing_subscriber::registry()
-                .with(SpanProfileLayer::new())
-                .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("overhead")))
-                .init();
-            let rate = if mode == "hot10" { 0.1 } else { 0.0 };
-            let layer = ProfileCorrelationLayer::builder()
-                .default_policy(RoutePolicy::new().sample_rate(rate))
-                .profiler(profiler.clone())
-                .build()
-                .expect("layer");
-            let push = PyroscopeExporter::start(
-                PyroscopeConfig::new(sink),
-                ProfileSource::profiler(&profiler, false),
-            )
-            .expect("pyroscope push");
-            _keep.push(Box::new(provider));
-            _keep.push(Box::new(push));
-            _keep.push(Box::new(profiler));
-            spanprof::install_runtime_hooks(&mut builder);
-            rt = builder.build().expect("runtime");
-            return service::serve(
-                &rt,
-                app.layer(layer).layer(TraceLayer::new_for_http()),
-                process_cpu_ns,
-            );
-        }
-        other => panic!("unknown mode {other}"),
+    if mode == "none" {
+        let rt = builder.build().expect("runtime");
+        return service::serve(&rt, app, process_cpu_ns);
     }
-    service::serve(&rt, app, process_cpu_ns);
+    if mode == "stack" {
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(service::batch_processor())
+            .build();
+        tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("overhead")))
+            .init();
+        let rt = builder.build().expect("runtime");
+        return service::serve(&rt, app.layer(TraceLayer::new_for_http()), process_cpu_ns);
+    }
+    let rate = match mode {
+        "baseline" => 0.0,
+        "hot10" => 0.1,
+        other => panic!("unknown mode {other}"),
+    };
+    // spanprof as docs/layer.md sets it up, next to the same stack.
+    let profiler = spanprof::Profiler::builder()
+        .baseline_hz(99)
+        .high_hz(1000)
+        .start()
+        .expect("profiler");
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(SpanProfileProcessor::new(service::batch_processor()))
+        .build();
+    tracing_subscriber::registry()
+        .with(SpanProfileLayer::new())
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("overhead")))
+        .init();
+    let layer = ProfileCorrelationLayer::builder()
+        .default_policy(RoutePolicy::new().sample_rate(rate))
+        .profiler(profiler.clone())
+        .build()
+        .expect("layer");
+    let _push = PyroscopeExporter::start(
+        PyroscopeConfig::new(sink),
+        ProfileSource::profiler(&profiler, false),
+    )
+    .expect("pyroscope push");
+    spanprof::install_runtime_hooks(&mut builder);
+    let rt = builder.build().expect("runtime");
+    service::serve(
+        &rt,
+        app.layer(layer).layer(TraceLayer::new_for_http()),
+        process_cpu_ns,
+    );
 }
 
 /// A server process and its control channel.
@@ -179,6 +175,25 @@ impl Server {
             answers,
             url: format!("http://127.0.0.1:{port}"),
         }
+    }
+
+    /// CPU seconds each of the server's live threads has used since it started,
+    /// summed by thread name (`/proc/PID/task/*/comm` and `schedstat`): where a
+    /// mode's extra CPU goes (request workers, the span exporter, the profiler's
+    /// collector, the profile push).
+    fn cpu_by_thread(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut by_name = std::collections::BTreeMap::<String, f64>::new();
+        let dir = format!("/proc/{}/task", self.child.id());
+        for task in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = task.path();
+            let name = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+            let ns: f64 = std::fs::read_to_string(path.join("schedstat"))
+                .ok()
+                .and_then(|s| s.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0.0);
+            *by_name.entry(name.trim().to_owned()).or_default() += ns / 1e9;
+        }
+        by_name.into_iter().map(|(k, v)| (k, v.into())).collect()
     }
 
     /// The server process's CPU time so far, in nanoseconds.
@@ -395,7 +410,7 @@ fn median(v: &[f64]) -> f64 {
     }
     s.sort_by(|a, b| a.total_cmp(b));
     let n = s.len();
-    if n % 2 == 1 {
+    if !n.is_multiple_of(2) {
         s[n / 2]
     } else {
         (s[n / 2 - 1] + s[n / 2]) / 2.0
@@ -543,10 +558,7 @@ fn coordinate() {
         let mut ratios = Vec::new();
         for (si, s) in servers.iter().enumerate() {
             let e = &series[wi][si];
-            let name = match s.mode {
-                "baseline" | "hot10" | "pyroscope" | "none" => s.mode,
-                _ => "stack",
-            };
+            let name = s.mode;
             m.insert(
                 format!("cpu_per_req_{name}"),
                 median(&e.cpu_us_per_req).into(),
@@ -581,10 +593,9 @@ fn coordinate() {
     // The JSON workload's figures also at the top level, as issue 12 names them.
     if let Some(serde_json::Value::Object(first)) = out.get("json").cloned() {
         for (k, v) in first {
-            if k.starts_with("ratio_") || k.starts_with("cpu_per_req_") {
-                if !k.ends_with("_rounds") {
-                    out.insert(k, v);
-                }
+            if (k.starts_with("ratio_") || k.starts_with("cpu_per_req_")) && !k.ends_with("_rounds")
+            {
+                out.insert(k, v);
             }
         }
     }
@@ -601,6 +612,13 @@ fn coordinate() {
             Err(e) => eprintln!("plot not drawn: {e}"),
         }
     }
+    // Where each server's CPU went over the whole run (warm-up and calibration
+    // included), by thread name.
+    let threads: serde_json::Map<String, serde_json::Value> = servers
+        .iter()
+        .map(|s| (s.mode.to_owned(), s.cpu_by_thread().into()))
+        .collect();
+    out.insert("cpu_seconds_by_thread".into(), threads.into());
     drop(servers);
     print_json(out.into());
 }
