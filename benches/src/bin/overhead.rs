@@ -27,6 +27,10 @@
 //! scheduled send time) beside it. Ratios are paired within a round (mode / stack);
 //! the JSON reports their median over rounds and a 95 % bootstrap interval of it.
 //!
+//! With `--modes baseline,baseline-nospans,baseline-nohooks` it runs `stack` and the
+//! listed modes only, including two ablations of `baseline` (no tracing integration,
+//! no runtime hooks) that show where spanprof's cost per request goes.
+//!
 //! `cargo run --release -p spanprof-bench --bin overhead -- --json --anchor benches/anchors/pyroscope-overhead/target/release/anchor-pyroscope-overhead [--rounds 15] [--round-secs 2] [--workloads json,checkout] [--plot docs/overhead.png]`
 
 use std::io::{BufRead, BufReader, Write};
@@ -51,7 +55,10 @@ use tracing_subscriber::prelude::*;
 
 /// The modes, in the JSON's order; `stack` is the reference of every ratio.
 const MODES: [&str; 5] = ["none", "stack", "baseline", "hot10", "pyroscope"];
-const STACK: usize = 1;
+/// Ablations of `baseline`, for `--modes` (where spanprof's cost per request goes):
+/// without the tracing integration (`SpanProfileLayer`, `SpanProfileProcessor`), and
+/// without the runtime hooks.
+const ABLATIONS: [&str; 2] = ["baseline-nospans", "baseline-nohooks"];
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -107,21 +114,29 @@ fn serve(mode: &str, sink: &str) {
         return service::serve(&rt, app.layer(TraceLayer::new_for_http()), process_cpu_ns);
     }
     let rate = match mode {
-        "baseline" => 0.0,
+        "baseline" | "baseline-nospans" | "baseline-nohooks" => 0.0,
         "hot10" => 0.1,
         other => panic!("unknown mode {other}"),
     };
+    let spans = mode != "baseline-nospans";
+    let hooks = mode != "baseline-nohooks";
     // spanprof as docs/layer.md sets it up, next to the same stack.
     let profiler = spanprof::Profiler::builder()
         .baseline_hz(99)
         .high_hz(1000)
         .start()
         .expect("profiler");
-    let provider = SdkTracerProvider::builder()
-        .with_span_processor(SpanProfileProcessor::new(service::batch_processor()))
-        .build();
+    let provider = if spans {
+        SdkTracerProvider::builder()
+            .with_span_processor(SpanProfileProcessor::new(service::batch_processor()))
+            .build()
+    } else {
+        SdkTracerProvider::builder()
+            .with_span_processor(service::batch_processor())
+            .build()
+    };
     tracing_subscriber::registry()
-        .with(SpanProfileLayer::new())
+        .with(spans.then(SpanProfileLayer::new))
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("overhead")))
         .init();
     let layer = ProfileCorrelationLayer::builder()
@@ -134,7 +149,9 @@ fn serve(mode: &str, sink: &str) {
         ProfileSource::profiler(&profiler, false),
     )
     .expect("pyroscope push");
-    spanprof::install_runtime_hooks(&mut builder);
+    if hooks {
+        spanprof::install_runtime_hooks(&mut builder);
+    }
     let rt = builder.build().expect("runtime");
     service::serve(
         &rt,
@@ -476,7 +493,20 @@ fn coordinate() {
         url
     };
 
-    let mut servers: Vec<Server> = MODES
+    // `--modes` picks a subset (and the ablations); `stack` always runs, first of
+    // the list's order below, as every ratio's reference.
+    let picked: Vec<&'static str> = match arg("--modes") {
+        None => MODES.to_vec(),
+        Some(list) => MODES
+            .iter()
+            .chain(&ABLATIONS)
+            .copied()
+            .filter(|m| *m == "stack" || list.split(',').any(|x| x == *m))
+            .collect(),
+    };
+    let stack_at = picked.iter().position(|m| *m == "stack").unwrap();
+    assert_eq!(stack_at, usize::from(picked[0] == "none"));
+    let mut servers: Vec<Server> = picked
         .iter()
         .filter_map(|&mode| {
             if mode == "pyroscope" {
@@ -500,7 +530,13 @@ fn coordinate() {
         for s in &servers {
             run_load(&exe, &s.url, w, 1.0, ("--concurrency", 8.0));
         }
-        let sat = run_load(&exe, &servers[STACK].url, w, 3.0, ("--concurrency", 32.0));
+        let sat = run_load(
+            &exe,
+            &servers[stack_at].url,
+            w,
+            3.0,
+            ("--concurrency", 32.0),
+        );
         let saturation = sat.requests / 3.0;
         let rate = (saturation * load_frac).max(1.0);
         if !quiet {
@@ -554,7 +590,7 @@ fn coordinate() {
         let mut m = serde_json::Map::new();
         m.insert("saturation_rps".into(), rates[wi].0.into());
         m.insert("rate_rps".into(), rates[wi].1.into());
-        let stack = series[wi][STACK].cpu_us_per_req.clone();
+        let stack = series[wi][stack_at].cpu_us_per_req.clone();
         let mut ratios = Vec::new();
         for (si, s) in servers.iter().enumerate() {
             let e = &series[wi][si];
@@ -571,7 +607,7 @@ fn coordinate() {
             );
             m.insert(format!("errors_{name}"), e.errors.into());
             m.insert(format!("skipped_{name}"), e.skipped.into());
-            if si == STACK {
+            if si == stack_at {
                 continue;
             }
             let r: Vec<f64> = e
