@@ -58,7 +58,8 @@ const MODES: [&str; 5] = ["none", "stack", "baseline", "hot10", "pyroscope"];
 /// Ablations of `baseline`, for `--modes` (where spanprof's cost per request goes):
 /// without the tracing integration (`SpanProfileLayer`, `SpanProfileProcessor`), and
 /// without the runtime hooks.
-const ABLATIONS: [&str; 2] = ["baseline-nospans", "baseline-nohooks"];
+/// `stack-again` is a second server identical to `stack`: an A/A control of the method.
+const ABLATIONS: [&str; 3] = ["baseline-nospans", "baseline-nohooks", "stack-again"];
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -103,7 +104,7 @@ fn serve(mode: &str, sink: &str) {
         let rt = builder.build().expect("runtime");
         return service::serve(&rt, app, process_cpu_ns);
     }
-    if mode == "stack" {
+    if mode == "stack" || mode == "stack-again" {
         let provider = SdkTracerProvider::builder()
             .with_span_processor(service::batch_processor())
             .build();
