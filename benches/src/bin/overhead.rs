@@ -256,7 +256,7 @@ fn request(workload: &str, bodies: &[Bytes], base: &str, n: u64) -> http::Reques
             service::ORDERS_ROUTE.to_owned(),
             bodies[n as usize % bodies.len()].clone(),
         ),
-        _ if n % 3 == 0 => ("GET", format!("/cart/{n}"), Bytes::new()),
+        _ if n.is_multiple_of(3) => ("GET", format!("/cart/{n}"), Bytes::new()),
         _ => ("GET", "/checkout".to_owned(), Bytes::new()),
     };
     http::Request::builder()
@@ -439,7 +439,7 @@ fn median(v: &[f64]) -> f64 {
 /// (10 000 resamples of the rounds, with replacement; fixed seed).
 fn median_ci(v: &[f64]) -> (f64, f64, f64) {
     const RESAMPLES: usize = 10_000;
-    let mut rng = SplitMix64(0x5eed_0f_0e12_4ead);
+    let mut rng = SplitMix64(0x005e_ed0f_0e12_4ead);
     let mut meds: Vec<f64> = (0..RESAMPLES)
         .map(|_| {
             let s: Vec<f64> = (0..v.len()).map(|_| v[rng.below(v.len())]).collect();
