@@ -13,6 +13,12 @@ use std::time::{Duration, Instant};
 
 use spanprof::{Hotness, Profile, SpanLabels, WithSpanLabels};
 
+// `service` reaches the checkout example's business logic as `crate::shop`, so the
+// pyroscope-rs anchor can include the same file next to its own copy of `shop.rs`.
+use checkout::shop;
+
+pub mod service;
+
 macro_rules! burners {
     ($($name:ident = ($a:literal, $b:literal, $c:literal, $k:literal)),*) => {
         $(

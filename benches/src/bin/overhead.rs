@@ -1,190 +1,746 @@
-//! Overhead on a real service: an axum service with the checkout example's handler
-//! mix, under a closed-loop load generator (a separate process) on loopback, in
-//! alternating rounds within one run: (a) no spanprof, (b) the layer and the 99 Hz
-//! baseline, (c) the layer, the baseline and 10 % of requests hot at 1 kHz. Also the
-//! server's own CPU time per request in each mode (steadier than throughput when the
-//! load generator competes for the same 2 cores).
+//! What spanprof costs a service, next to what the service already runs.
 //!
-//! `cargo run --release -p spanprof-bench --bin overhead -- --json [--rounds 5] [--round-secs 3]`
+//! One run starts one server **process** per mode, each on a 2-worker tokio runtime
+//! serving the same routes (`spanprof_bench::service`): a light JSON API handler
+//! (`POST /api/orders`: parse, validate, price, serialize; about 50 µs of CPU) and the
+//! checkout example's handler mix (`GET /checkout`, `GET /cart/{id}`). The modes:
+//!
+//! - `none`: the bare router;
+//! - `stack`: the user's existing stack, tower-http's `TraceLayer` and
+//!   `tracing-opentelemetry` with the SDK's batch span processor in front of an
+//!   in-process exporter that discards (spans are built, queued and batched; no
+//!   encoding, no network);
+//! - `baseline`: the stack plus spanprof as its docs set it up (`SpanProfileLayer`,
+//!   `SpanProfileProcessor`, `ProfileCorrelationLayer` with sample rate 0, the 99 Hz
+//!   baseline, the runtime hooks, a Pyroscope push every 10 s to a local sink);
+//! - `hot10`: the same with 10 % of requests hot at 1 kHz;
+//! - `pyroscope`: the stack plus pyroscope-rs 2.1.5's agent at 100 Hz, tagging each
+//!   request with `tag_wrapper` and pushing to the same sink (its own package,
+//!   `benches/anchors/pyroscope-overhead`, given with `--anchor BINARY`).
+//!
+//! The load comes from a separate process (this binary, `load`), at a fixed
+//! **open-loop** rate: a fraction (`--load`, default 0.6) of the saturation
+//! throughput of the `stack` server, measured at start with a closed-loop load. Each
+//! round sends that load to every server in turn (the order rotates from round to
+//! round) and reads each server's process CPU time before and after; the metric is
+//! server CPU time per request, with p50/p99 latency (measured from each request's
+//! scheduled send time) beside it. Ratios are paired within a round (mode / stack);
+//! the JSON reports their median over rounds and a 95 % bootstrap interval of it.
+//!
+//! With `--modes baseline,baseline-nospans,baseline-nohooks` it runs `stack` and the
+//! listed modes only, including two ablations of `baseline` (no tracing integration,
+//! no runtime hooks) that show where spanprof's cost per request goes.
+//!
+//! `cargo run --release -p spanprof-bench --bin overhead -- --json --anchor benches/anchors/pyroscope-overhead/target/release/anchor-pyroscope-overhead [--rounds 15] [--round-secs 2] [--workloads json,checkout] [--plot docs/overhead.png]`
 
-use std::process::Command;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::routing::get;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use spanprof::tower::{ProfileCorrelationLayer, RoutePolicy};
-use spanprof_bench::{arg, print_json};
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use spanprof::export::{ProfileSource, PyroscopeConfig, PyroscopeExporter};
+use spanprof::tower::{
+    ProfileCorrelationLayer, RoutePolicy, SpanProfileLayer, SpanProfileProcessor,
+};
+use spanprof_bench::{arg, flag, print_json, service};
+use tower_http::trace::TraceLayer;
+use tracing_subscriber::prelude::*;
 
-async fn checkout_handler() -> String {
-    let cart = checkout::shop::sample_cart("bench", 4, 7);
-    let lines = checkout::shop::validate_line_items(&cart.items).unwrap_or_default();
-    let discount = checkout::shop::apply_discounts(&lines, cart.coupon.as_deref());
-    let priced = checkout::shop::price(&cart.cart_id, lines, discount);
-    checkout::shop::format_response(&priced)
-}
-
-async fn cart_handler() -> String {
-    let cart = checkout::shop::sample_cart("bench", 2, 3);
-    let lines = checkout::shop::validate_line_items(&cart.items).unwrap_or_default();
-    checkout::shop::format_response(&checkout::shop::price(&cart.cart_id, lines, 0))
-}
-
-fn app(layer: Option<ProfileCorrelationLayer>) -> Router {
-    let r = Router::new()
-        .route("/checkout", get(checkout_handler))
-        .route("/cart/{id}", get(cart_handler));
-    match layer {
-        Some(l) => r.layer(l),
-        None => r,
-    }
-}
-
-/// The load generator (run as a child process): prints `requests p50_us p99_us`.
-fn client(base: &str, secs: f64, concurrency: usize) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let lat = rt.block_on(async {
-        let end = Instant::now() + Duration::from_secs_f64(secs);
-        let mut tasks = Vec::new();
-        for c in 0..concurrency {
-            let base = base.to_owned();
-            tasks.push(tokio::spawn(async move {
-                let client: Client<_, Empty<Bytes>> =
-                    Client::builder(TokioExecutor::new()).build_http();
-                let mut lat = Vec::new();
-                let mut n = c;
-                while Instant::now() < end {
-                    n += 1;
-                    let url = if n % 3 == 0 {
-                        format!("{base}/cart/{n}")
-                    } else {
-                        format!("{base}/checkout")
-                    };
-                    let t = Instant::now();
-                    let resp = client.get(url.parse().unwrap()).await.expect("request");
-                    resp.into_body().collect().await.expect("body");
-                    lat.push(t.elapsed().as_nanos() as u64);
-                }
-                lat
-            }));
-        }
-        let mut all = Vec::new();
-        for t in tasks {
-            all.extend(t.await.unwrap());
-        }
-        all
-    });
-    let mut lat = lat;
-    lat.sort_unstable();
-    let p = |q: f64| lat[((lat.len() as f64 - 1.0) * q) as usize] as f64 / 1e3;
-    println!("{} {} {}", lat.len(), p(0.5), p(0.99));
-}
-
-fn median_minmax(v: &[f64]) -> (f64, f64, f64) {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    (s[s.len() / 2], s[0], s[s.len() - 1])
-}
+/// The modes, in the JSON's order; `stack` is the reference of every ratio.
+const MODES: [&str; 5] = ["none", "stack", "baseline", "hot10", "pyroscope"];
+/// Ablations of `baseline`, for `--modes` (where spanprof's cost per request goes):
+/// without the tracing integration (`SpanProfileLayer`, `SpanProfileProcessor`), and
+/// without the runtime hooks.
+/// `stack-again` is a second server identical to `stack`: an A/A control of the method.
+const ABLATIONS: [&str; 3] = ["baseline-nospans", "baseline-nohooks", "stack-again"];
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("--client") {
-        client(&args[2], args[3].parse().unwrap(), args[4].parse().unwrap());
-        return;
+    match args.get(1).map(String::as_str) {
+        Some("serve") => serve(
+            &arg("--mode").expect("--mode"),
+            &arg("--sink").expect("--sink"),
+        ),
+        Some("load") => load(),
+        Some("handler-cost") => handler_cost(),
+        _ => coordinate(),
     }
-    let rounds: usize = arg("--rounds").map_or(5, |s| s.parse().expect("--rounds N"));
-    let secs: f64 = arg("--round-secs").map_or(3.0, |s| s.parse().expect("--round-secs S"));
-    checkout::shop::warm_up();
+}
 
+// ---------------------------------------------------------------- the servers
+
+/// `handler-cost`: prints the JSON handler's own CPU time per call (µs), called in a
+/// loop on this thread without HTTP or tracing.
+fn handler_cost() {
+    let bodies: Vec<Vec<u8>> = (0..64)
+        .map(|s| serde_json::to_vec(&service::sample_order(s)).unwrap())
+        .collect();
+    let n = 20_000;
+    let t = spanprof::thread_cpu_time();
+    for i in 0..n {
+        std::hint::black_box(service::handle_order(&bodies[i % 64]).expect("valid order"));
+    }
+    let us = (spanprof::thread_cpu_time() - t).as_secs_f64() * 1e6 / n as f64;
+    let bytes = bodies.iter().map(Vec::len).sum::<usize>() / bodies.len();
+    println!("{us:.1} µs of CPU per call, request body {bytes} bytes");
+}
+
+fn process_cpu_ns() -> u64 {
+    spanprof::process_cpu_time().as_nanos() as u64
+}
+
+fn serve(mode: &str, sink: &str) {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    spanprof::install_runtime_hooks(&mut builder);
-    let rt = builder.worker_threads(2).enable_all().build().unwrap();
-    // The profiler is started and stopped per round; the layers keep no profiler.
-    let probe = spanprof::Profiler::builder().start().expect("profiler");
-    let layer = |rate: f64| {
-        ProfileCorrelationLayer::builder()
-            .default_policy(RoutePolicy::new().sample_rate(rate).never_slow())
-            .profiler(probe.clone())
-            .build()
-            .unwrap()
+    builder.worker_threads(2).enable_all();
+    let app = service::routes();
+    if mode == "none" {
+        let rt = builder.build().expect("runtime");
+        return service::serve(&rt, app, process_cpu_ns);
+    }
+    if mode == "stack" || mode == "stack-again" {
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(service::batch_processor())
+            .build();
+        tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("overhead")))
+            .init();
+        let rt = builder.build().expect("runtime");
+        return service::serve(&rt, app.layer(TraceLayer::new_for_http()), process_cpu_ns);
+    }
+    let rate = match mode {
+        "baseline" | "baseline-nospans" | "baseline-nohooks" => 0.0,
+        "hot10" => 0.1,
+        other => panic!("unknown mode {other}"),
     };
-    let (l_base, l_hot) = (layer(0.0), layer(0.1));
-    probe.stop();
-    let urls: Vec<String> = rt.block_on(async {
-        let mut urls = Vec::new();
-        for a in [app(None), app(Some(l_base)), app(Some(l_hot))] {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            urls.push(format!("http://{}", listener.local_addr().unwrap()));
-            tokio::spawn(async move { axum::serve(listener, a).await.unwrap() });
-        }
-        urls
-    });
-    let exe = std::env::current_exe().unwrap();
-    let names = ["none", "baseline", "hot10"];
-    let (mut rps, mut p99, mut cpu) = (
-        [vec![], vec![], vec![]],
-        [vec![], vec![], vec![]],
-        [vec![], vec![], vec![]],
+    let spans = mode != "baseline-nospans";
+    let hooks = mode != "baseline-nohooks";
+    // spanprof as docs/layer.md sets it up, next to the same stack.
+    let profiler = spanprof::Profiler::builder()
+        .baseline_hz(99)
+        .high_hz(1000)
+        .start()
+        .expect("profiler");
+    let provider = if spans {
+        SdkTracerProvider::builder()
+            .with_span_processor(SpanProfileProcessor::new(service::batch_processor()))
+            .build()
+    } else {
+        SdkTracerProvider::builder()
+            .with_span_processor(service::batch_processor())
+            .build()
+    };
+    tracing_subscriber::registry()
+        .with(spans.then(SpanProfileLayer::new))
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("overhead")))
+        .init();
+    let layer = ProfileCorrelationLayer::builder()
+        .default_policy(RoutePolicy::new().sample_rate(rate))
+        .profiler(profiler.clone())
+        .build()
+        .expect("layer");
+    let _push = PyroscopeExporter::start(
+        PyroscopeConfig::new(sink),
+        ProfileSource::profiler(&profiler, false),
+    )
+    .expect("pyroscope push");
+    if hooks {
+        spanprof::install_runtime_hooks(&mut builder);
+    }
+    let rt = builder.build().expect("runtime");
+    service::serve(
+        &rt,
+        app.layer(layer).layer(TraceLayer::new_for_http()),
+        process_cpu_ns,
     );
-    for round in 0..rounds * 3 {
-        let mode = round % 3;
-        let profiler = (mode > 0).then(|| {
-            spanprof::Profiler::builder()
-                .baseline_hz(99)
-                .high_hz(1000)
-                .start()
-                .expect("profiler")
-        });
-        let cpu0 = spanprof::process_cpu_time();
-        let out = Command::new(&exe)
-            .args(["--client", &urls[mode], &secs.to_string(), "4"])
-            .output()
-            .expect("run the load generator");
-        let cpu_used = (spanprof::process_cpu_time() - cpu0).as_secs_f64();
-        if let Some(p) = profiler {
-            p.stop();
+}
+
+/// A server process and its control channel.
+struct Server {
+    mode: &'static str,
+    child: Child,
+    control: ChildStdin,
+    answers: BufReader<ChildStdout>,
+    url: String,
+}
+
+impl Server {
+    fn start(mode: &'static str, mut cmd: Command) -> Server {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start the {mode} server: {e}"));
+        let control = child.stdin.take().unwrap();
+        let mut answers = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        answers.read_line(&mut line).expect("server's port");
+        let port: u16 = line
+            .trim()
+            .strip_prefix("port ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("{mode} server said {line:?}"));
+        Server {
+            mode,
+            child,
+            control,
+            answers,
+            url: format!("http://127.0.0.1:{port}"),
         }
-        let text = String::from_utf8_lossy(&out.stdout);
-        let f: Vec<f64> = text
-            .split_whitespace()
-            .map(|x| x.parse().unwrap())
-            .collect();
-        rps[mode].push(f[0] / secs);
-        p99[mode].push(f[2]);
-        cpu[mode].push(cpu_used * 1e6 / f[0]);
-        if !args.iter().any(|a| a == "--json") {
+    }
+
+    /// CPU seconds each of the server's live threads has used since it started,
+    /// summed by thread name (`/proc/PID/task/*/comm` and `schedstat`): where a
+    /// mode's extra CPU goes (request workers, the span exporter, the profiler's
+    /// collector, the profile push).
+    fn cpu_by_thread(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut by_name = std::collections::BTreeMap::<String, f64>::new();
+        let dir = format!("/proc/{}/task", self.child.id());
+        for task in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = task.path();
+            let name = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+            let ns: f64 = std::fs::read_to_string(path.join("schedstat"))
+                .ok()
+                .and_then(|s| s.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0.0);
+            *by_name.entry(name.trim().to_owned()).or_default() += ns / 1e9;
+        }
+        by_name.into_iter().map(|(k, v)| (k, v.into())).collect()
+    }
+
+    /// The server process's CPU time so far, in nanoseconds.
+    fn cpu_ns(&mut self) -> u64 {
+        writeln!(self.control, "cpu").expect("ask the server");
+        self.control.flush().expect("ask the server");
+        let mut line = String::new();
+        self.answers.read_line(&mut line).expect("server's answer");
+        line.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{} server said {line:?}", self.mode))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---------------------------------------------------------- the load generator
+
+/// One run of the load generator: requests answered, latency percentiles (µs),
+/// errors, and requests not sent because too many were outstanding.
+#[derive(Debug, Clone, Copy, Default)]
+struct LoadOutcome {
+    requests: f64,
+    p50_us: f64,
+    p99_us: f64,
+    errors: f64,
+    skipped: f64,
+}
+
+/// Most requests in flight before the open-loop generator skips a send.
+const MAX_IN_FLIGHT: usize = 512;
+
+fn request(workload: &str, bodies: &[Bytes], base: &str, n: u64) -> http::Request<Full<Bytes>> {
+    let (method, path, body) = match workload {
+        "json" => (
+            "POST",
+            service::ORDERS_ROUTE.to_owned(),
+            bodies[n as usize % bodies.len()].clone(),
+        ),
+        _ if n.is_multiple_of(3) => ("GET", format!("/cart/{n}"), Bytes::new()),
+        _ => ("GET", "/checkout".to_owned(), Bytes::new()),
+    };
+    http::Request::builder()
+        .method(method)
+        .uri(format!("{base}{path}"))
+        .header("content-type", "application/json")
+        .body(Full::new(body))
+        .unwrap()
+}
+
+/// `load --url U --workload W --secs S (--rate R | --concurrency C)`: prints
+/// `requests p50_us p99_us errors skipped`.
+fn load() {
+    let base = arg("--url").expect("--url");
+    let workload = arg("--workload").expect("--workload");
+    let secs: f64 = arg("--secs").expect("--secs").parse().expect("--secs S");
+    let rate: f64 = arg("--rate").map_or(0.0, |r| r.parse().expect("--rate R"));
+    let conc: usize = arg("--concurrency").map_or(0, |c| c.parse().expect("--concurrency C"));
+    let bodies: Arc<Vec<Bytes>> = Arc::new(
+        (0..64)
+            .map(|s| Bytes::from(serde_json::to_vec(&service::sample_order(s)).unwrap()))
+            .collect(),
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let out = rt.block_on(async move {
+        let client: Client<HttpConnector, Full<Bytes>> =
+            Client::builder(TokioExecutor::new()).build_http();
+        let lat = Arc::new(Mutex::new(Vec::<u64>::new()));
+        let errors = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let send = {
+            let (client, lat, errors, bodies) =
+                (client.clone(), lat.clone(), errors.clone(), bodies.clone());
+            let (base, workload) = (base.clone(), workload.clone());
+            move |n: u64, since: Instant| {
+                let req = request(&workload, &bodies, &base, n);
+                let (client, lat, errors) = (client.clone(), lat.clone(), errors.clone());
+                async move {
+                    let ok = match client.request(req).await {
+                        Ok(resp) => {
+                            let ok = resp.status().is_success();
+                            resp.into_body().collect().await.is_ok() && ok
+                        }
+                        Err(_) => false,
+                    };
+                    if ok {
+                        lat.lock().unwrap().push(since.elapsed().as_nanos() as u64);
+                    } else {
+                        errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            }
+        };
+        let start = Instant::now();
+        let end = start + Duration::from_secs_f64(secs);
+        let mut skipped = 0u64;
+        if rate > 0.0 {
+            let total = (rate * secs) as u64;
+            let mut tasks = tokio::task::JoinSet::new();
+            for i in 0..total {
+                let due = start + Duration::from_secs_f64(i as f64 / rate);
+                if Instant::now() < due {
+                    tokio::time::sleep_until(due.into()).await;
+                }
+                while tasks.try_join_next().is_some() {}
+                if tasks.len() >= MAX_IN_FLIGHT {
+                    skipped += 1;
+                    continue;
+                }
+                tasks.spawn(send(i, due));
+            }
+            let drain = tokio::time::timeout(Duration::from_secs(10), async {
+                while tasks.join_next().await.is_some() {}
+            });
+            let _ = drain.await;
+        } else {
+            let mut tasks = tokio::task::JoinSet::new();
+            for c in 0..conc {
+                let send = send.clone();
+                tasks.spawn(async move {
+                    let mut n = c as u64;
+                    while Instant::now() < end {
+                        send(n, Instant::now()).await;
+                        n += conc as u64;
+                    }
+                });
+            }
+            while tasks.join_next().await.is_some() {}
+        }
+        let mut lat = std::mem::take(&mut *lat.lock().unwrap());
+        lat.sort_unstable();
+        let p = |q: f64| {
+            lat.get(((lat.len().max(1) - 1) as f64 * q) as usize)
+                .map_or(0.0, |&v| v as f64 / 1e3)
+        };
+        format!(
+            "{} {} {} {} {}",
+            lat.len(),
+            p(0.5),
+            p(0.99),
+            errors.load(std::sync::atomic::Ordering::Relaxed),
+            skipped
+        )
+    });
+    println!("{out}");
+}
+
+fn run_load(
+    exe: &std::path::Path,
+    url: &str,
+    workload: &str,
+    secs: f64,
+    how: (&str, f64),
+) -> LoadOutcome {
+    let out = Command::new(exe)
+        .args([
+            "load",
+            "--url",
+            url,
+            "--workload",
+            workload,
+            "--secs",
+            &secs.to_string(),
+        ])
+        .args([how.0, &how.1.to_string()])
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run the load generator");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let f: Vec<f64> = text
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(f64::NAN))
+        .collect();
+    assert_eq!(f.len(), 5, "load generator said {text:?}");
+    LoadOutcome {
+        requests: f[0],
+        p50_us: f[1],
+        p99_us: f[2],
+        errors: f[3],
+        skipped: f[4],
+    }
+}
+
+// ------------------------------------------------------------------ statistics
+
+/// SplitMix64: a small deterministic generator for the bootstrap.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        ((self.next() >> 11) as f64 / (1u64 << 53) as f64 * n as f64) as usize
+    }
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    if s.is_empty() {
+        return f64::NAN;
+    }
+    s.sort_by(|a, b| a.total_cmp(b));
+    let n = s.len();
+    if !n.is_multiple_of(2) {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+/// Median of `v` and the 95 % percentile-bootstrap interval of that median
+/// (10 000 resamples of the rounds, with replacement; fixed seed).
+fn median_ci(v: &[f64]) -> (f64, f64, f64) {
+    const RESAMPLES: usize = 10_000;
+    let mut rng = SplitMix64(0x005e_ed0f_0e12_4ead);
+    let mut meds: Vec<f64> = (0..RESAMPLES)
+        .map(|_| {
+            let s: Vec<f64> = (0..v.len()).map(|_| v[rng.below(v.len())]).collect();
+            median(&s)
+        })
+        .collect();
+    meds.sort_by(|a, b| a.total_cmp(b));
+    let q = |p: f64| meds[((RESAMPLES - 1) as f64 * p).round() as usize];
+    (median(v), q(0.025), q(0.975))
+}
+
+// ------------------------------------------------------------------ the run
+
+/// Figures of one mode on one workload, one entry per round.
+#[derive(Default, Clone)]
+struct Series {
+    cpu_us_per_req: Vec<f64>,
+    p50_us: Vec<f64>,
+    p99_us: Vec<f64>,
+    requests: Vec<f64>,
+    errors: f64,
+    skipped: f64,
+}
+
+fn coordinate() {
+    let rounds: usize = arg("--rounds").map_or(15, |s| s.parse().expect("--rounds N"));
+    let secs: f64 = arg("--round-secs").map_or(2.0, |s| s.parse().expect("--round-secs S"));
+    let load_frac: f64 = arg("--load").map_or(0.6, |s| s.parse().expect("--load FRACTION"));
+    let workloads: Vec<String> = arg("--workloads")
+        .unwrap_or_else(|| "json,checkout".into())
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let anchor = arg("--anchor").filter(|p| std::path::Path::new(p).exists());
+    let quiet = flag("--json");
+    let exe = std::env::current_exe().unwrap();
+
+    // The sink both profilers push to: answers everything 200 and forgets it.
+    let sink_rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let sink = {
+        let listener = sink_rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let app = axum::Router::new().fallback(|_body: Bytes| async { "" });
+        std::thread::spawn(move || {
+            sink_rt.block_on(async move { axum::serve(listener, app).await.unwrap() })
+        });
+        url
+    };
+
+    // `--modes` picks a subset (and the ablations); `stack` always runs, first of
+    // the list's order below, as every ratio's reference.
+    let picked: Vec<&'static str> = match arg("--modes") {
+        None => MODES.to_vec(),
+        Some(list) => MODES
+            .iter()
+            .chain(&ABLATIONS)
+            .copied()
+            .filter(|m| *m == "stack" || list.split(',').any(|x| x == *m))
+            .collect(),
+    };
+    let stack_at = picked.iter().position(|m| *m == "stack").unwrap();
+    assert_eq!(stack_at, usize::from(picked[0] == "none"));
+    let mut servers: Vec<Server> = picked
+        .iter()
+        .filter_map(|&mode| {
+            if mode == "pyroscope" {
+                let path = anchor.as_ref()?;
+                let mut cmd = Command::new(path);
+                cmd.args(["--sink", &sink]);
+                return Some(Server::start(mode, cmd));
+            }
+            let mut cmd = Command::new(&exe);
+            cmd.args(["serve", "--mode", mode, "--sink", &sink]);
+            Some(Server::start(mode, cmd))
+        })
+        .collect();
+    if anchor.is_none() {
+        eprintln!("no --anchor binary: the pyroscope-rs mode is left out");
+    }
+
+    // Warm every server up, then find the stack server's saturation per workload.
+    let mut rates = Vec::new();
+    for w in &workloads {
+        for s in &servers {
+            run_load(&exe, &s.url, w, 1.0, ("--concurrency", 8.0));
+        }
+        let sat = run_load(
+            &exe,
+            &servers[stack_at].url,
+            w,
+            3.0,
+            ("--concurrency", 32.0),
+        );
+        let saturation = sat.requests / 3.0;
+        let rate = (saturation * load_frac).max(1.0);
+        if !quiet {
             eprintln!(
-                "{}: {:.0} req/s, p99 {:.0} µs, {:.1} µs CPU/req",
-                names[mode],
-                f[0] / secs,
-                f[2],
-                cpu_used * 1e6 / f[0]
+                "{w}: stack saturates at {saturation:.0} req/s; open-loop rate {rate:.0} req/s"
             );
         }
+        rates.push((saturation, rate));
     }
-    let m = |v: &Vec<f64>| median_minmax(v);
-    let (rn, rb, rh) = (m(&rps[0]), m(&rps[1]), m(&rps[2]));
-    let (pn, pb, ph) = (m(&p99[0]), m(&p99[1]), m(&p99[2]));
-    let (cn, cb, ch) = (m(&cpu[0]), m(&cpu[1]), m(&cpu[2]));
-    print_json(serde_json::json!({
-        "rps_none": rn.0, "rps_none_min_max": [rn.1, rn.2],
-        "rps_baseline": rb.0, "rps_baseline_min_max": [rb.1, rb.2],
-        "rps_hot10": rh.0, "rps_hot10_min_max": [rh.1, rh.2],
-        "ratio_baseline": rb.0 / rn.0,
-        "ratio_hot10": rh.0 / rn.0,
-        "p99_us_none": pn.0, "p99_us_baseline": pb.0, "p99_us_hot10": ph.0,
-        "p99_ratio_baseline": pb.0 / pn.0,
-        "p99_ratio_hot10": ph.0 / pn.0,
-        "cpu_us_per_req_none": cn.0, "cpu_us_per_req_baseline": cb.0, "cpu_us_per_req_hot10": ch.0,
-        "cpu_per_req_ratio_baseline": cb.0 / cn.0,
-        "cpu_per_req_ratio_hot10": ch.0 / cn.0,
-        "rounds": rounds, "round_secs": secs,
-    }));
+
+    let mut series: Vec<Vec<Series>> =
+        vec![vec![Series::default(); servers.len()]; workloads.len()];
+    for round in 0..rounds {
+        for (wi, w) in workloads.iter().enumerate() {
+            let n = servers.len();
+            for k in 0..n {
+                let si = (round + k) % n;
+                let s = &mut servers[si];
+                let cpu0 = s.cpu_ns();
+                let o = run_load(&exe, &s.url, w, secs, ("--rate", rates[wi].1));
+                let cpu = (s.cpu_ns() - cpu0) as f64 / 1e3;
+                let e = &mut series[wi][si];
+                e.cpu_us_per_req.push(cpu / o.requests.max(1.0));
+                e.p50_us.push(o.p50_us);
+                e.p99_us.push(o.p99_us);
+                e.requests.push(o.requests);
+                e.errors += o.errors;
+                e.skipped += o.skipped;
+                if !quiet {
+                    eprintln!(
+                        "round {round:>2} {w:<8} {:<9} {:>7.1} µs CPU/req, p50 {:>6.0} µs, p99 {:>6.0} µs, {} req{}",
+                        s.mode,
+                        cpu / o.requests.max(1.0),
+                        o.p50_us,
+                        o.p99_us,
+                        o.requests,
+                        if o.errors + o.skipped > 0.0 {
+                            format!(", {} errors, {} skipped", o.errors, o.skipped)
+                        } else {
+                            String::new()
+                        }
+                    );
+                }
+            }
+        }
+    }
+
+    let mut out = serde_json::Map::new();
+    let mut plot_rows = Vec::new();
+    for (wi, w) in workloads.iter().enumerate() {
+        let mut m = serde_json::Map::new();
+        m.insert("saturation_rps".into(), rates[wi].0.into());
+        m.insert("rate_rps".into(), rates[wi].1.into());
+        let stack = series[wi][stack_at].cpu_us_per_req.clone();
+        let mut ratios = Vec::new();
+        for (si, s) in servers.iter().enumerate() {
+            let e = &series[wi][si];
+            let name = s.mode;
+            m.insert(
+                format!("cpu_per_req_{name}"),
+                median(&e.cpu_us_per_req).into(),
+            );
+            m.insert(format!("p50_us_{name}"), median(&e.p50_us).into());
+            m.insert(format!("p99_us_{name}"), median(&e.p99_us).into());
+            m.insert(
+                format!("requests_per_round_{name}"),
+                median(&e.requests).into(),
+            );
+            m.insert(format!("errors_{name}"), e.errors.into());
+            m.insert(format!("skipped_{name}"), e.skipped.into());
+            if si == stack_at {
+                continue;
+            }
+            let r: Vec<f64> = e
+                .cpu_us_per_req
+                .iter()
+                .zip(&stack)
+                .map(|(a, b)| a / b)
+                .collect();
+            let (med, lo, hi) = median_ci(&r);
+            m.insert(format!("ratio_{name}"), med.into());
+            m.insert(format!("ratio_{name}_lo"), lo.into());
+            m.insert(format!("ratio_{name}_hi"), hi.into());
+            m.insert(format!("ratio_{name}_rounds"), r.clone().into());
+            ratios.push((name, med, lo, hi, r));
+        }
+        plot_rows.push((w.clone(), ratios));
+        out.insert(w.clone(), m.into());
+    }
+    // The JSON workload's figures also at the top level, as issue 12 names them.
+    if let Some(serde_json::Value::Object(first)) = out.get("json").cloned() {
+        for (k, v) in first {
+            if (k.starts_with("ratio_") || k.starts_with("cpu_per_req_")) && !k.ends_with("_rounds")
+            {
+                out.insert(k, v);
+            }
+        }
+    }
+    out.insert("rounds".into(), rounds.into());
+    out.insert("round_secs".into(), secs.into());
+    out.insert("load_fraction".into(), load_frac.into());
+    out.insert(
+        "cpu_unit".into(),
+        "µs of server process CPU per request".into(),
+    );
+    if let Some(path) = arg("--plot") {
+        match plot::draw(&path, &plot_rows) {
+            Ok(()) => eprintln!("plot: {path}"),
+            Err(e) => eprintln!("plot not drawn: {e}"),
+        }
+    }
+    // Where each server's CPU went over the whole run (warm-up and calibration
+    // included), by thread name.
+    let threads: serde_json::Map<String, serde_json::Value> = servers
+        .iter()
+        .map(|s| (s.mode.to_owned(), s.cpu_by_thread().into()))
+        .collect();
+    out.insert("cpu_seconds_by_thread".into(), threads.into());
+    drop(servers);
+    print_json(out.into());
+}
+
+mod plot {
+    use plotters::prelude::*;
+
+    type Row = (String, Vec<(&'static str, f64, f64, f64, Vec<f64>)>);
+
+    /// One panel per workload: for each mode, its per-round ratios to the stack
+    /// (small dots), their median (a large dot) and its 95 % interval (a bar).
+    pub fn draw(path: &str, rows: &[Row]) -> Result<(), String> {
+        let font = [
+            "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+            "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+        ]
+        .iter()
+        .find_map(|p| std::fs::read(p).ok())
+        .ok_or("no TrueType font found (install fonts-dejavu-core)")?;
+        let font: &'static [u8] = Box::leak(font.into_boxed_slice());
+        plotters::style::register_font("sans-serif", FontStyle::Normal, font)
+            .map_err(|_| "bad font")?;
+        let width = 560 * rows.len().max(1) as u32;
+        let root = BitMapBackend::new(path, (width, 480)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let areas = root.split_evenly((1, rows.len().max(1)));
+        for (area, (workload, ratios)) in areas.iter().zip(rows) {
+            let all = ratios
+                .iter()
+                .flat_map(|r| r.4.iter().copied().chain([r.2, r.3]));
+            let (lo, hi) = all
+                .filter(|x| x.is_finite())
+                .fold((1.0f64, 1.0f64), |(a, b), x| (a.min(x), b.max(x)));
+            let pad = (hi - lo).max(0.02) * 0.08;
+            let title = format!("{workload}: server CPU per request / user's stack");
+            let mut chart = ChartBuilder::on(area)
+                .caption(title, ("sans-serif", 17))
+                .margin(12)
+                .x_label_area_size(36)
+                .y_label_area_size(55)
+                .build_cartesian_2d(-0.5f64..(ratios.len() as f64 - 0.5), (lo - pad)..(hi + pad))
+                .map_err(|e| e.to_string())?;
+            let names: Vec<&str> = ratios.iter().map(|r| r.0).collect();
+            chart
+                .configure_mesh()
+                .disable_x_mesh()
+                .x_labels(ratios.len())
+                .x_label_formatter(&|x| {
+                    let i = x.round();
+                    if (x - i).abs() < 0.01 && i >= 0.0 {
+                        names
+                            .get(i as usize)
+                            .map_or(String::new(), |s| s.to_string())
+                    } else {
+                        String::new()
+                    }
+                })
+                .label_style(("sans-serif", 13))
+                .draw()
+                .map_err(|e| e.to_string())?;
+            chart
+                .draw_series(LineSeries::new(
+                    [(-0.5, 1.0), (ratios.len() as f64 - 0.5, 1.0)],
+                    BLACK.mix(0.5),
+                ))
+                .map_err(|e| e.to_string())?;
+            for (i, (_, med, lo, hi, rounds)) in ratios.iter().enumerate() {
+                let x = i as f64;
+                let n = rounds.len().max(1) as f64;
+                chart
+                    .draw_series(rounds.iter().enumerate().map(|(k, &y)| {
+                        Circle::new((x - 0.2 + 0.4 * k as f64 / n, y), 2, BLUE.mix(0.4).filled())
+                    }))
+                    .map_err(|e| e.to_string())?;
+                chart
+                    .draw_series(LineSeries::new(
+                        [(x + 0.28, *lo), (x + 0.28, *hi)],
+                        RED.stroke_width(3),
+                    ))
+                    .map_err(|e| e.to_string())?;
+                chart
+                    .draw_series([Circle::new((x + 0.28, *med), 5, RED.filled())])
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        root.present().map_err(|e| e.to_string())
+    }
 }

@@ -20,14 +20,41 @@ use spanprof_bench::{BURNERS, arg, print_json};
 
 const RATES: &[u32] = &[99, 250, 1000, 2000, 4000];
 
+/// What samples the busy threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sampling {
+    /// Nothing.
+    Bare,
+    /// spanprof's profiler (started by the caller); the threads register and run
+    /// inside hot labels.
+    Spanprof,
+    /// The floor with a signal: a perf event per thread signalling an empty handler
+    /// that re-arms it with one `ioctl` (the handler installed by the caller).
+    EmptyHandler(u64),
+    /// The floor without a signal: a perf event per thread writing into a kernel ring.
+    KernelRing(u64),
+}
+
 /// Runs 2 busy threads for `secs`; returns (iterations per CPU-second, samples per
 /// CPU-second per thread).
 fn run(secs: f64, profiled: bool) -> (f64, f64) {
+    run_sampled(
+        secs,
+        if profiled {
+            Sampling::Spanprof
+        } else {
+            Sampling::Bare
+        },
+    )
+}
+
+fn run_sampled(secs: f64, sampling: Sampling) -> (f64, f64) {
     let stop = Arc::new(AtomicBool::new(false));
     let handles: Vec<_> = (0..2u64)
         .map(|t| {
             let stop = stop.clone();
             std::thread::spawn(move || {
+                let profiled = sampling == Sampling::Spanprof;
                 if profiled {
                     spanprof::register_current_thread();
                 }
@@ -37,6 +64,7 @@ fn run(secs: f64, profiled: bool) -> (f64, f64) {
                     .hot(Hotness::Sampled)
                     .build();
                 let _g = profiled.then(|| l.enter());
+                let probe = floor::Probe::start(sampling);
                 let cpu0 = spanprof::thread_cpu_time();
                 let mut iters = 0u64;
                 while !stop.load(Ordering::Relaxed) {
@@ -44,8 +72,13 @@ fn run(secs: f64, profiled: bool) -> (f64, f64) {
                     iters += 1;
                 }
                 let cpu = (spanprof::thread_cpu_time() - cpu0).as_secs_f64();
+                let samples = match &probe {
+                    Some(p) => p.samples(),
+                    None => l.cpu_samples(),
+                };
+                drop(probe);
                 spanprof::deregister_current_thread();
-                (iters as f64, cpu, l.cpu_samples() as f64)
+                (iters as f64, cpu, samples as f64)
             })
         })
         .collect();
@@ -59,6 +92,46 @@ fn run(secs: f64, profiled: bool) -> (f64, f64) {
         samples += s;
     }
     (iters / cpu, samples / cpu)
+}
+
+/// The machine's floor per sample (`spanprof::sample_floor_probe`, Linux only).
+mod floor {
+    use super::Sampling;
+    use spanprof::sample_floor_probe::{RingProbe, SignalProbe};
+
+    pub enum Probe {
+        Signal(SignalProbe),
+        Ring(RingProbe),
+    }
+
+    impl Probe {
+        pub fn start(sampling: Sampling) -> Option<Probe> {
+            match sampling {
+                Sampling::EmptyHandler(ns) => {
+                    Some(Probe::Signal(SignalProbe::start(ns).expect("perf event")))
+                }
+                Sampling::KernelRing(ns) => {
+                    Some(Probe::Ring(RingProbe::start(ns).expect("perf ring")))
+                }
+                _ => None,
+            }
+        }
+
+        pub fn samples(&self) -> u64 {
+            match self {
+                Probe::Signal(p) => p.samples(),
+                Probe::Ring(p) => p.samples(),
+            }
+        }
+    }
+
+    pub fn install() {
+        spanprof::sample_floor_probe::install_empty_handler().expect("probe handler");
+    }
+
+    pub fn uninstall() {
+        spanprof::sample_floor_probe::uninstall_empty_handler();
+    }
 }
 
 /// CPU time per sample, in µs, from the throughput ratio and the sampling rate: the
@@ -117,11 +190,82 @@ fn mechanisms(secs: f64, rounds: usize) {
     );
 }
 
+/// `--floor`: spanprof's cost per sample at 1 kHz against the machine's floor, in
+/// one run: each round runs the busy threads bare, with spanprof hot at 1 kHz, with
+/// an empty handler on the same perf event (re-armed by `ioctl`), and with a
+/// signal-free kernel ring, in a rotating order.
+fn floor_run(secs: f64, rounds: usize) {
+    const HZ: u64 = 1000;
+    let names = ["spanprof", "empty_handler", "kernel_ring"];
+    let mut cost: [Vec<f64>; 3] = Default::default();
+    let mut rate: [Vec<f64>; 3] = Default::default();
+    let mut mechanism = String::new();
+    for round in 0..rounds {
+        let (bare, _) = run(secs, false);
+        for k in 0..3 {
+            let i = (round + k) % 3;
+            let (with, per_cpu_s) = match i {
+                0 => {
+                    let p = spanprof::Profiler::builder()
+                        .baseline_hz(99)
+                        .high_hz(HZ as u32)
+                        .start()
+                        .expect("profiler");
+                    mechanism = p.capabilities().mechanism.as_str().to_owned();
+                    let r = run(secs, true);
+                    p.stop();
+                    r
+                }
+                1 => {
+                    floor::install();
+                    let r = run_sampled(secs, Sampling::EmptyHandler(1_000_000_000 / HZ));
+                    floor::uninstall();
+                    r
+                }
+                _ => run_sampled(secs, Sampling::KernelRing(1_000_000_000 / HZ)),
+            };
+            let c = cost_per_sample_us(with / bare, per_cpu_s);
+            cost[i].push(c);
+            rate[i].push(per_cpu_s);
+            eprintln!(
+                "round {round}: {:<13} ratio {:.4}, {per_cpu_s:.0} samples per CPU-second, {c:.1} µs per sample",
+                names[i],
+                with / bare
+            );
+        }
+    }
+    let m: Vec<f64> = cost.iter().map(|c| median(c.clone())).collect();
+    // Per round, spanprof's cost over each floor, then the median of those.
+    let over = |j: usize| median(cost[0].iter().zip(&cost[j]).map(|(a, b)| a / b).collect());
+    print_json(serde_json::json!({
+        "requested_hz": HZ, "seconds_per_run": secs, "rounds": rounds,
+        "spanprof_mechanism": mechanism,
+        "cost_per_sample_us_spanprof": m[0],
+        "cost_per_sample_us_empty_handler": m[1],
+        "cost_per_sample_us_kernel_ring": m[2],
+        "spanprof_over_empty_handler": m[0] / m[1],
+        "spanprof_over_kernel_ring": m[0] / m[2],
+        "spanprof_over_empty_handler_median_of_rounds": over(1),
+        "spanprof_over_kernel_ring_median_of_rounds": over(2),
+        "samples_per_cpu_second": {
+            "spanprof": median(rate[0].clone()),
+            "empty_handler": median(rate[1].clone()),
+            "kernel_ring": median(rate[2].clone()),
+        },
+        "cost_per_sample_us_all_rounds": {
+            "spanprof": cost[0], "empty_handler": cost[1], "kernel_ring": cost[2],
+        },
+    }));
+}
+
 fn main() {
     let secs: f64 = arg("--seconds").map_or(3.0, |s| s.parse().expect("--seconds S"));
     let rounds: usize = arg("--rounds").map_or(3, |s| s.parse().expect("--rounds N"));
     if spanprof_bench::flag("--mechanisms") {
         return mechanisms(secs, rounds);
+    }
+    if spanprof_bench::flag("--floor") {
+        return floor_run(secs, rounds);
     }
     let counter = AtomicU64::new(0);
     let mut rows = Vec::new();

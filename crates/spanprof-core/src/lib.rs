@@ -59,6 +59,13 @@ pub use sys::HandlerAllocCounter;
 #[cfg(feature = "testing")]
 pub use sys::{POISON_BYTE, QuarantineAlloc};
 
+/// The machine's floor for one CPU sample (an empty `SIGPROF` handler re-armed by
+/// `ioctl`, and a signal-free kernel ring buffer), for the `rate_sweep --floor`
+/// benchmark. Linux only; not part of the profiler.
+#[doc(hidden)]
+#[cfg(spanprof_sampler)]
+pub use sys::probe as sample_floor_probe;
+
 /// Whether the calling thread is inside spanprof's profiling signal handler right
 /// now. For tests: a counting global allocator uses it to prove the handler never
 /// allocates.

@@ -19,6 +19,8 @@ mod handler;
 #[cfg(spanprof_sampler)]
 mod perf;
 #[cfg(spanprof_sampler)]
+pub mod probe;
+#[cfg(spanprof_sampler)]
 mod thread;
 #[cfg(spanprof_sampler)]
 mod timer;

@@ -9,11 +9,11 @@
 use std::io;
 use std::mem;
 
-const PERF_TYPE_SOFTWARE: u32 = 1;
-const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
-const FLAG_DISABLED: u64 = 1 << 0;
-const FLAG_EXCLUDE_KERNEL: u64 = 1 << 5;
-const FLAG_EXCLUDE_HV: u64 = 1 << 6;
+pub(super) const PERF_TYPE_SOFTWARE: u32 = 1;
+pub(super) const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
+pub(super) const FLAG_DISABLED: u64 = 1 << 0;
+pub(super) const FLAG_EXCLUDE_KERNEL: u64 = 1 << 5;
+pub(super) const FLAG_EXCLUDE_HV: u64 = 1 << 6;
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
 const PERF_EVENT_IOC_DISABLE: libc::c_ulong = 0x2401;
 const PERF_EVENT_IOC_REFRESH: libc::c_ulong = 0x2402;
@@ -26,26 +26,26 @@ const F_OWNER_TID: libc::c_int = 0;
 /// after `read_format` are one `u64` of flags.
 #[repr(C)]
 #[derive(Default)]
-struct PerfEventAttr {
-    kind: u32,
-    size: u32,
-    config: u64,
-    sample_period: u64,
-    sample_type: u64,
-    read_format: u64,
-    flags: u64,
-    wakeup_events: u32,
-    bp_type: u32,
-    config1: u64,
-    config2: u64,
-    branch_sample_type: u64,
-    sample_regs_user: u64,
-    sample_stack_user: u32,
-    clockid: i32,
-    sample_regs_intr: u64,
-    aux_watermark: u32,
-    sample_max_stack: u16,
-    reserved: u16,
+pub(super) struct PerfEventAttr {
+    pub(super) kind: u32,
+    pub(super) size: u32,
+    pub(super) config: u64,
+    pub(super) sample_period: u64,
+    pub(super) sample_type: u64,
+    pub(super) read_format: u64,
+    pub(super) flags: u64,
+    pub(super) wakeup_events: u32,
+    pub(super) bp_type: u32,
+    pub(super) config1: u64,
+    pub(super) config2: u64,
+    pub(super) branch_sample_type: u64,
+    pub(super) sample_regs_user: u64,
+    pub(super) sample_stack_user: u32,
+    pub(super) clockid: i32,
+    pub(super) sample_regs_intr: u64,
+    pub(super) aux_watermark: u32,
+    pub(super) sample_max_stack: u16,
+    pub(super) reserved: u16,
 }
 
 #[repr(C)]
@@ -65,22 +65,7 @@ pub(crate) fn open(tid: libc::pid_t, period_ns: u64, signo: i32) -> io::Result<i
         flags: FLAG_DISABLED | FLAG_EXCLUDE_KERNEL | FLAG_EXCLUDE_HV,
         ..Default::default()
     };
-    // SAFETY: `attr` is a valid, fully initialised perf_event_attr whose `size` field
-    // matches its layout; the other arguments are plain integers.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_perf_event_open,
-            &attr as *const PerfEventAttr,
-            tid,
-            -1 as libc::c_int,
-            -1 as libc::c_int,
-            PERF_FLAG_FD_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let fd = fd as i32;
+    let fd = open_attr(&attr, tid)?;
     let owner = FOwnerEx {
         kind: F_OWNER_TID,
         pid: tid,
@@ -98,6 +83,26 @@ pub(crate) fn open(tid: libc::pid_t, period_ns: u64, signo: i32) -> io::Result<i
         return Err(err);
     }
     Ok(fd)
+}
+
+/// Opens the event `attr` describes on thread `tid` (any CPU, no group, close on exec).
+pub(super) fn open_attr(attr: &PerfEventAttr, tid: libc::pid_t) -> io::Result<i32> {
+    // SAFETY: `attr` is a valid, fully initialised perf_event_attr whose `size` field
+    // matches its layout; the other arguments are plain integers.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            attr as *const PerfEventAttr,
+            tid,
+            -1 as libc::c_int,
+            -1 as libc::c_int,
+            PERF_FLAG_FD_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd as i32)
 }
 
 /// Arms the event for one more overflow signal. Async-signal-safe (one ioctl).

@@ -1,0 +1,53 @@
+//! The per-sample floor probes (`spanprof::sample_floor_probe`, used by
+//! `rate_sweep --floor`) deliver samples: a busy thread at 1 kHz gets signals in the
+//! empty handler (re-armed after each one), and records in the kernel ring. Counts,
+//! not timings: each probe must see at least a fifth of the samples 150 ms of CPU
+//! asks for (a handler that failed to re-arm would see one).
+#![cfg(spanprof_sampler)]
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use spanprof_core::sample_floor_probe::{
+    RingProbe, SignalProbe, install_empty_handler, uninstall_empty_handler,
+};
+
+const PERIOD_NS: u64 = 1_000_000;
+
+/// Burns `cpu` of this thread's CPU time.
+fn burn(cpu: Duration) -> u64 {
+    let start = spanprof_core::thread_cpu_time();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    while spanprof_core::thread_cpu_time() - start < cpu {
+        for _ in 0..10_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+        }
+        x = black_box(x);
+    }
+    x
+}
+
+#[test]
+fn both_floor_probes_count_samples() {
+    install_empty_handler().expect("install the empty handler");
+    let signal = SignalProbe::start(PERIOD_NS).expect("perf event (perf_event_paranoid <= 2)");
+    burn(Duration::from_millis(150));
+    let signalled = signal.samples();
+    drop(signal);
+    uninstall_empty_handler();
+    assert!(
+        signalled >= 30,
+        "the empty handler counted {signalled} signals in 150 ms of CPU at 1 kHz"
+    );
+
+    let ring = RingProbe::start(PERIOD_NS).expect("perf ring");
+    burn(Duration::from_millis(150));
+    let recorded = ring.samples();
+    drop(ring);
+    assert!(
+        recorded >= 30,
+        "the kernel ring recorded {recorded} samples in 150 ms of CPU at 1 kHz"
+    );
+}
