@@ -63,7 +63,7 @@ pub use sys::{POISON_BYTE, QuarantineAlloc};
 /// `ioctl`, and a signal-free kernel ring buffer), for the `rate_sweep --floor`
 /// benchmark. Linux only; not part of the profiler.
 #[doc(hidden)]
-#[cfg(spanprof_sampler)]
+#[cfg(all(spanprof_sampler, feature = "testing"))]
 pub use sys::probe as sample_floor_probe;
 
 /// Whether the calling thread is inside spanprof's profiling signal handler right

@@ -18,7 +18,7 @@ mod alloc_counter;
 mod handler;
 #[cfg(spanprof_sampler)]
 mod perf;
-#[cfg(spanprof_sampler)]
+#[cfg(all(spanprof_sampler, feature = "testing"))]
 pub mod probe;
 #[cfg(spanprof_sampler)]
 mod thread;
