@@ -35,26 +35,11 @@ fn subscriber(level: LevelFilter, otel: bool) -> (Logs, InMemorySpanExporter) {
     let otel_layer =
         otel.then(|| tracing_opentelemetry::layer().with_tracer(provider.tracer("setup")));
     tracing_subscriber::registry()
-        .with(Capture(logs.clone()))
+        .with(support::LogCapture(logs.clone()))
         .with(otel_layer)
         .with(level)
         .init();
     (logs, exporter)
-}
-
-struct Capture(Logs);
-struct Fields(String);
-impl tracing::field::Visit for Fields {
-    fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-        self.0.push_str(&format!("{}={:?} ", f.name(), v));
-    }
-}
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
-    fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        let mut f = Fields(format!("{} ", e.metadata().level()));
-        e.record(&mut f);
-        self.0.lock().unwrap().push(f.0);
-    }
 }
 
 /// spanprof's warnings in `logs` that contain `needle`.

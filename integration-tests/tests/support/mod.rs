@@ -172,24 +172,29 @@ pub fn total_ns(top: &str) -> u64 {
     (num.parse::<f64>().unwrap() * scale) as u64
 }
 
+/// A layer that records every event (level and fields) into its log.
+pub struct LogCapture(pub std::sync::Arc<Mutex<Vec<String>>>);
+
+struct Fields(String);
+
+impl tracing::field::Visit for Fields {
+    fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+        self.0.push_str(&format!("{}={:?} ", f.name(), v));
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for LogCapture {
+    fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let mut f = Fields(format!("{} ", e.metadata().level()));
+        e.record(&mut f);
+        self.0.lock().unwrap().push(f.0);
+    }
+}
+
 /// A subscriber that records every event (level and fields) into `logs`.
 pub fn capture_logs(logs: std::sync::Arc<Mutex<Vec<String>>>) -> impl tracing::Subscriber {
     use tracing_subscriber::prelude::*;
-    struct Capture(std::sync::Arc<Mutex<Vec<String>>>);
-    struct Fields(String);
-    impl tracing::field::Visit for Fields {
-        fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-            self.0.push_str(&format!("{}={:?} ", f.name(), v));
-        }
-    }
-    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
-        fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-            let mut f = Fields(format!("{} ", e.metadata().level()));
-            e.record(&mut f);
-            self.0.lock().unwrap().push(f.0);
-        }
-    }
-    tracing_subscriber::registry().with(Capture(logs))
+    tracing_subscriber::registry().with(LogCapture(logs))
 }
 
 /// What each open file descriptor points at (for failure messages).
