@@ -1,59 +1,173 @@
 #!/usr/bin/env python3
-"""Instructions per request of `overhead`'s servers under Callgrind.
+"""Where `overhead`'s servers spend their instructions per request, under Callgrind.
 
 Runs `overhead serve --mode MODE` under `valgrind --tool=callgrind` for each mode
-given, sends it SECONDS of closed-loop JSON requests on one connection from
-`overhead load`, stops it, and prints the instructions its tokio workers executed per
-request (inclusive cost of `worker::Context::run`) and those inside `handle_order`.
+given (one file per thread), warms it up with 4 s of JSON requests, zeroes the
+counters, sends it SECONDS of closed-loop JSON requests on one connection from
+`overhead load`, stops it, and reads the tokio workers' threads only (the spanprof
+collector, the span exporter and the Pyroscope push run elsewhere). It prints, per
+mode, instructions per request, calls to glibc's `malloc` and how many of them missed
+the per-thread cache (calls into `_int_malloc`); then, against the first mode, the
+functions whose own (exclusive) instructions per request changed most, and the
+inclusive cost per request of spanprof's entry points.
 
     cargo build --release -p spanprof-bench --bin overhead
-    python3 benches/callgrind_servers.py 40 stack baseline
+    python3 benches/callgrind_servers.py 12 stack baseline [baseline-noprocessor ...]
+
+Exclusive costs sum to the total, so their differences add up to the difference of
+the totals; inclusive costs (summed over the calls into a function) overlap: a
+function's includes its callees'.
 """
+import collections
+import glob
 import re
 import subprocess
 import sys
 import tempfile
+import time
 
 EXE = "target/release/overhead"
+WORKER = "tokio::runtime::scheduler::multi_thread::worker::Context::run"
+ENTRY_POINTS = [
+    r"<spanprof_tower::layer::service::ProfileCorrelation<S,R> as tower_service::Service<.*>>::call",
+    r"spanprof_tower::layer::Correlator::begin",
+    r"<spanprof_tower::layer::future::ResponseFuture<F> as core::future::future::Future>::poll",
+    r"<spanprof_tower::layer::future::ProfiledBody<B> as http_body::Body>::poll_frame",
+    r"<spanprof_tower::tracing_layer::SpanProfileLayer as tracing_subscriber::layer::Layer<S>>::on_enter",
+    r"<spanprof_tower::tracing_layer::SpanProfileLayer as tracing_subscriber::layer::Layer<S>>::on_exit",
+    r"<spanprof_tower::processor::SpanProfileProcessor<P> as .*SpanProcessor>::on_end",
+    r"spanprof_core::hooks::.*",
+    r"spanprof_core::sys::handler::on_signal",
+    r"malloc",
+    r"free",
+    r"realloc",
+]
 
 
-def inclusive(annotated, symbol):
-    """Largest inclusive Ir of a line naming `symbol` in callgrind_annotate output."""
-    best = 0
-    for line in annotated.splitlines():
-        m = re.match(r"\s*([\d,]+) \(\s*[\d.]+%\)\s+\S*" + re.escape(symbol), line)
-        if m:
-            best = max(best, int(m.group(1).replace(",", "")))
-    return best
+def parse_calls(path):
+    """(caller, callee) -> [calls, inclusive Ir] from a callgrind output file."""
+    names, edges = {}, collections.defaultdict(lambda: [0, 0])
+    current = callee = pending = None
+
+    def name(s):
+        m = re.match(r"\((\d+)\)(?: (.*))?", s)
+        if not m:
+            return s
+        if m.group(2):
+            names[m.group(1)] = m.group(2)
+        return names[m.group(1)]
+
+    with open(path) as f:
+        for line in f:
+            if line.startswith("fn="):
+                current = name(line[3:].strip())
+            elif line.startswith("cfn="):
+                callee = name(line[4:].strip())
+            elif line.startswith("calls="):
+                pending = int(line[6:].split()[0])
+            elif pending is not None and line[:1] in "0123456789+-*":
+                parts = line.split()
+                edge = edges[(current, callee)]
+                edge[0] += pending
+                edge[1] += int(parts[1]) if len(parts) > 1 else 0
+                pending = None
+    return edges
+
+
+def annotate(path):
+    """Total Ir and function -> exclusive Ir, from callgrind_annotate."""
+    out = subprocess.run(
+        ["callgrind_annotate", "--inclusive=no", "--auto=no", "--threshold=100", path],
+        capture_output=True, text=True, check=True).stdout
+    costs, total = collections.Counter(), 0
+    for line in out.splitlines():
+        m = re.match(r"\s*([\d,]+) \(\s*[\d.]+%\)\s+(.*)$", line)
+        if not m:
+            continue
+        ir, fn = int(m.group(1).replace(",", "")), m.group(2)
+        if fn == "PROGRAM TOTALS":
+            total += ir
+            continue
+        fn = re.sub(r"\s*\[[^\]]*\]$", "", fn)
+        head, _, tail = fn.partition(":")
+        if tail and "/" in head:
+            fn = tail
+        costs[fn] += ir
+    return total, costs
 
 
 def measure(mode, seconds, outdir):
     out = f"{outdir}/callgrind.{mode}.out"
     server = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", EXE,
-         "serve", "--mode", mode, "--sink", "http://127.0.0.1:9"],
+        ["valgrind", "--tool=callgrind", "--separate-threads=yes",
+         f"--callgrind-out-file={out}", EXE, "serve", "--mode", mode,
+         "--sink", "http://127.0.0.1:9"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     port = server.stdout.readline().split()[1]
-    load = subprocess.run(
-        [EXE, "load", "--url", f"http://127.0.0.1:{port}", "--workload", "json",
-         "--secs", str(seconds), "--concurrency", "1"],
-        capture_output=True, text=True, check=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def load(secs):
+        res = subprocess.run(
+            [EXE, "load", "--url", url, "--workload", "json", "--secs", str(secs),
+             "--concurrency", "1"], capture_output=True, text=True, check=True)
+        return int(res.stdout.split()[0])
+
+    load(4)  # warm-up: one-time costs (symbolizing, calibration, first allocations)
+    subprocess.run(["callgrind_control", "--zero", str(server.pid)],
+                   capture_output=True, check=True)
+    requests = load(seconds)
     server.stdin.close()
     server.wait(timeout=600)
-    requests = int(load.stdout.split()[0])
-    annotated = subprocess.run(["callgrind_annotate", "--inclusive=yes", out],
-                               capture_output=True, text=True, check=True).stdout
-    workers = inclusive(annotated, "tokio::runtime::scheduler::multi_thread::worker::Context::run")
-    handler = inclusive(annotated, "spanprof_bench::service::handle_order")
-    print(f"{mode}: {requests} requests, {workers / requests:,.0f} instructions per request "
-          f"on the workers, {handler / requests:,.0f} in handle_order")
+    time.sleep(0.5)
+    result = {"requests": requests, "total": 0, "malloc": 0, "slow": 0,
+              "self": collections.Counter(), "incl": collections.Counter()}
+    for path in sorted(glob.glob(out + "-*")):
+        edges = parse_calls(path)
+        if not any(callee == WORKER for _, callee in edges):
+            continue
+        total, own = annotate(path)
+        result["total"] += total
+        # The frames that were running when the counters were zeroed (the thread's
+        # roots) are charged their callees' cost at exit: not theirs, leave them out.
+        result["self"].update({f: ir for f, ir in own.items() if ir < total / 2})
+        for (caller, callee), (calls, ir) in edges.items():
+            # Inclusive cost from the call edges, recursion counted once.
+            if caller != callee:
+                result["incl"][callee] += ir
+            if callee == "malloc":
+                result["malloc"] += calls
+            if caller == "malloc" and callee == "_int_malloc":
+                result["slow"] += calls
+    return result
 
 
 def main():
     seconds = float(sys.argv[1])
+    modes = sys.argv[2:]
     with tempfile.TemporaryDirectory() as outdir:
-        for mode in sys.argv[2:]:
-            measure(mode, seconds, outdir)
+        results = {mode: measure(mode, seconds, outdir) for mode in modes}
+    per = {m: r["requests"] for m, r in results.items()}
+    print("mode: requests, instructions per request on the workers, malloc calls per "
+          "request, of which missed the thread cache")
+    for m, r in results.items():
+        n = per[m]
+        print(f"  {m}: {n}, {r['total'] / n:,.0f}, {r['malloc'] / n:.1f}, "
+              f"{r['slow'] / n:.1f}")
+    ref = modes[0]
+    for m in modes[1:]:
+        a, b = results[ref], results[m]
+        print(f"\n{m} - {ref}: {b['total'] / per[m] - a['total'] / per[ref]:+,.0f} "
+              "instructions per request; largest changes of exclusive cost:")
+        keys = set(a["self"]) | set(b["self"])
+        diff = sorted(((b["self"][k] / per[m] - a["self"][k] / per[ref], k) for k in keys),
+                      key=lambda d: -abs(d[0]))
+        for d, k in diff[:25]:
+            print(f"  {d:+9,.0f}  {k[:150]}")
+        print(f"inclusive cost per request in {m} (and {ref}):")
+        for pattern in ENTRY_POINTS:
+            for k in sorted(k for k in b["incl"] if re.fullmatch(pattern, k)):
+                print(f"  {b['incl'][k] / per[m]:9,.0f} ({a['incl'][k] / per[ref]:,.0f})  "
+                      f"{k[:150]}")
 
 
 if __name__ == "__main__":

@@ -28,8 +28,10 @@
 //! the JSON reports their median over rounds and a 95 % bootstrap interval of it.
 //!
 //! With `--modes baseline,baseline-nospans,baseline-nohooks` it runs `stack` and the
-//! listed modes only, including two ablations of `baseline` (no tracing integration,
-//! no runtime hooks) that show where spanprof's cost per request goes.
+//! listed modes only, including ablations of `baseline` (no tracing integration, no
+//! `SpanProfileLayer`, no `SpanProfileProcessor`, no runtime hooks) that show where
+//! spanprof's cost per request goes; `benches/callgrind_servers.py` counts the same
+//! servers' instructions per function.
 //!
 //! `cargo run --release -p spanprof-bench --bin overhead -- --json --anchor benches/anchors/pyroscope-overhead/target/release/anchor-pyroscope-overhead [--rounds 15] [--round-secs 2] [--workloads json,checkout] [--plot docs/overhead.png]`
 
@@ -56,10 +58,17 @@ use tracing_subscriber::prelude::*;
 /// The modes, in the JSON's order; `stack` is the reference of every ratio.
 const MODES: [&str; 5] = ["none", "stack", "baseline", "hot10", "pyroscope"];
 /// Ablations of `baseline`, for `--modes` (where spanprof's cost per request goes):
-/// without the tracing integration (`SpanProfileLayer`, `SpanProfileProcessor`), and
-/// without the runtime hooks.
+/// without the tracing integration (`SpanProfileLayer` and `SpanProfileProcessor`),
+/// without `SpanProfileLayer` only, without `SpanProfileProcessor` only, and without
+/// the runtime hooks.
 /// `stack-again` is a second server identical to `stack`: an A/A control of the method.
-const ABLATIONS: [&str; 3] = ["baseline-nospans", "baseline-nohooks", "stack-again"];
+const ABLATIONS: [&str; 5] = [
+    "baseline-nospans",
+    "baseline-nolayer",
+    "baseline-noprocessor",
+    "baseline-nohooks",
+    "stack-again",
+];
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -115,19 +124,25 @@ fn serve(mode: &str, sink: &str) {
         return service::serve(&rt, app.layer(TraceLayer::new_for_http()), process_cpu_ns);
     }
     let rate = match mode {
-        "baseline" | "baseline-nospans" | "baseline-nohooks" => 0.0,
+        "baseline"
+        | "baseline-nospans"
+        | "baseline-nolayer"
+        | "baseline-noprocessor"
+        | "baseline-nohooks" => 0.0,
         "hot10" => 0.1,
         other => panic!("unknown mode {other}"),
     };
     let spans = mode != "baseline-nospans";
     let hooks = mode != "baseline-nohooks";
+    let processor = spans && mode != "baseline-noprocessor";
+    let span_layer = spans && mode != "baseline-nolayer";
     // spanprof as docs/layer.md sets it up, next to the same stack.
     let profiler = spanprof::Profiler::builder()
         .baseline_hz(99)
         .high_hz(1000)
         .start()
         .expect("profiler");
-    let provider = if spans {
+    let provider = if processor {
         SdkTracerProvider::builder()
             .with_span_processor(SpanProfileProcessor::new(service::batch_processor()))
             .build()
@@ -137,7 +152,7 @@ fn serve(mode: &str, sink: &str) {
             .build()
     };
     tracing_subscriber::registry()
-        .with(spans.then(SpanProfileLayer::new))
+        .with(span_layer.then(SpanProfileLayer::new))
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("overhead")))
         .init();
     let layer = ProfileCorrelationLayer::builder()

@@ -71,6 +71,13 @@ impl<P: SpanProcessor> SpanProcessor for SpanProfileProcessor<P> {
             let stats = labels.poll_stats();
             let own_id = registry::scope() == ProfileScope::AllSpans
                 || labels.root_span_id() == labels.span_id();
+            let hot = labels.hotness().as_str();
+            // Grow the attribute list once, to its final length: on a span that already
+            // has a dozen attributes, pushing one at a time doubles it into a large
+            // allocation (measured in docs/benchmarks.md: the heap churn that follows
+            // costs more than everything else this processor does).
+            span.attributes
+                .reserve_exact(6 + usize::from(own_id) + usize::from(hot.is_some()));
             if own_id {
                 span.attributes
                     .push(KeyValue::new(ATTR_PROFILE_ID, labels.span_id_hex()));
@@ -83,7 +90,7 @@ impl<P: SpanProcessor> SpanProcessor for SpanProfileProcessor<P> {
                 KeyValue::new(ATTR_CPU_SAMPLES, labels.cpu_samples() as i64),
                 KeyValue::new(ATTR_CPU_NS, labels.cpu_ns() as i64),
             ]);
-            if let Some(hot) = labels.hotness().as_str() {
+            if let Some(hot) = hot {
                 span.attributes.push(KeyValue::new(ATTR_HOT, hot));
             }
         }

@@ -262,6 +262,9 @@ impl ProfileCorrelationLayerBuilder {
             });
         }
         registry::set_scope(scope);
+        // quanta calibrates its clock on first use (milliseconds): here, not in the
+        // first request.
+        LazyLock::force(&CLOCK);
         let keys = policies
             .routes
             .keys()
