@@ -35,6 +35,9 @@ ENTRY_POINTS = [
     r"<spanprof_tower::layer::future::ProfiledBody<B> as http_body::Body>::poll_frame",
     r"<spanprof_tower::tracing_layer::SpanProfileLayer as tracing_subscriber::layer::Layer<S>>::on_enter",
     r"<spanprof_tower::tracing_layer::SpanProfileLayer as tracing_subscriber::layer::Layer<S>>::on_exit",
+    # Where the compiler inlines SpanProfileLayer's callbacks: every layer's enter and
+    # exit (the figure in parentheses is the stack's own).
+    r"<tracing_subscriber::layer::layered::Layered<L,S> as tracing_core::subscriber::Subscriber>::(enter|exit)('\d+)?",
     r"<spanprof_tower::processor::SpanProfileProcessor<P> as .*SpanProcessor>::on_end",
     r"spanprof_core::hooks::.*",
     r"spanprof_core::sys::handler::on_signal",

@@ -214,7 +214,7 @@ impl Server {
     /// summed by thread name (`/proc/PID/task/*/comm` and `schedstat`): where a
     /// mode's extra CPU goes (request workers, the span exporter, the profiler's
     /// collector, the profile push).
-    fn cpu_by_thread(&self) -> serde_json::Map<String, serde_json::Value> {
+    fn cpu_by_thread(&self) -> std::collections::BTreeMap<String, f64> {
         let mut by_name = std::collections::BTreeMap::<String, f64>::new();
         let dir = format!("/proc/{}/task", self.child.id());
         for task in std::fs::read_dir(dir).into_iter().flatten().flatten() {
@@ -226,7 +226,7 @@ impl Server {
                 .unwrap_or(0.0);
             *by_name.entry(name.trim().to_owned()).or_default() += ns / 1e9;
         }
-        by_name.into_iter().map(|(k, v)| (k, v.into())).collect()
+        by_name
     }
 
     /// The server process's CPU time so far, in nanoseconds.
@@ -477,6 +477,8 @@ struct Series {
     requests: Vec<f64>,
     errors: f64,
     skipped: f64,
+    /// Per thread name, the CPU per request each round spent on those threads.
+    by_thread: std::collections::BTreeMap<String, Vec<f64>>,
 }
 
 fn coordinate() {
@@ -571,10 +573,19 @@ fn coordinate() {
             for k in 0..n {
                 let si = (round + k) % n;
                 let s = &mut servers[si];
+                let threads0 = s.cpu_by_thread();
                 let cpu0 = s.cpu_ns();
                 let o = run_load(&exe, &s.url, w, secs, ("--rate", rates[wi].1));
                 let cpu = (s.cpu_ns() - cpu0) as f64 / 1e3;
+                let threads1 = s.cpu_by_thread();
                 let e = &mut series[wi][si];
+                for (name, t1) in threads1 {
+                    let t0 = threads0.get(&name).copied().unwrap_or(0.0);
+                    e.by_thread
+                        .entry(name)
+                        .or_default()
+                        .push((t1 - t0) * 1e6 / o.requests.max(1.0));
+                }
                 e.cpu_us_per_req.push(cpu / o.requests.max(1.0));
                 e.p50_us.push(o.p50_us);
                 e.p99_us.push(o.p99_us);
@@ -622,6 +633,13 @@ fn coordinate() {
                 median(&e.requests).into(),
             );
             m.insert(format!("errors_{name}"), e.errors.into());
+            // Where the CPU per request went, by thread name (median over rounds).
+            let by_thread: serde_json::Map<String, serde_json::Value> = e
+                .by_thread
+                .iter()
+                .map(|(t, v)| (t.clone(), median(v).into()))
+                .collect();
+            m.insert(format!("cpu_per_req_by_thread_{name}"), by_thread.into());
             m.insert(format!("skipped_{name}"), e.skipped.into());
             if si == stack_at {
                 continue;
@@ -668,7 +686,14 @@ fn coordinate() {
     // included), by thread name.
     let threads: serde_json::Map<String, serde_json::Value> = servers
         .iter()
-        .map(|s| (s.mode.to_owned(), s.cpu_by_thread().into()))
+        .map(|s| {
+            let by_name: serde_json::Map<String, serde_json::Value> = s
+                .cpu_by_thread()
+                .into_iter()
+                .map(|(k, v)| (k, v.into()))
+                .collect();
+            (s.mode.to_owned(), by_name.into())
+        })
         .collect();
     out.insert("cpu_seconds_by_thread".into(), threads.into());
     drop(servers);

@@ -82,24 +82,25 @@ impl Shared {
     /// Empties every ring into the queue. Rings are drained under the registry lock,
     /// so any thread may call this (one consumer per ring at a time).
     fn drain(&self) {
-        let mut raw: Vec<RawSample> = Vec::new();
+        // Compacted straight out of the rings: a ring slot is a fixed-size sample of
+        // about 1 KiB, most of it unused frames, so nothing copies whole slots.
+        let mut drained: Vec<Drained> = Vec::new();
         {
             let mut reg = crate::threads::registry();
             for t in &reg.threads {
-                t.ring.drain(&mut raw);
+                t.ring.drain(|s| drained.push(compact(s)));
             }
             crate::threads::prune_retired(&mut reg);
         }
-        if raw.is_empty() {
+        if drained.is_empty() {
             return;
         }
         let mut q = self.lock();
-        for s in &raw {
+        for d in drained {
             if q.samples.len() >= MAX_BACKLOG {
                 self.dropped_backlog.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            let d = compact(s);
             q.bytes += d.bytes();
             q.samples.push_back(d);
             q.enqueued += 1;

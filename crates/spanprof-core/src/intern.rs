@@ -3,9 +3,10 @@
 //! Samples carry 32-bit ids instead of strings, so the signal handler copies
 //! integers only. Interning happens when labels are built (off the poll path).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, RwLock};
+
+use crate::cache::FastMap;
 
 /// Default bound on distinct interned strings.
 pub const DEFAULT_MAX_NAMES: usize = 4096;
@@ -31,7 +32,7 @@ impl NameId {
 }
 
 struct Interner {
-    ids: HashMap<Arc<str>, NameId>,
+    ids: FastMap<Arc<str>, NameId>,
     names: Vec<Arc<str>>,
 }
 
@@ -39,7 +40,7 @@ static INTERNER: LazyLock<RwLock<Interner>> = LazyLock::new(|| {
     let empty: Arc<str> = Arc::from("");
     let other: Arc<str> = Arc::from(OVERFLOW_NAME);
     let detached: Arc<str> = Arc::from(DETACHED_SPAN_NAME);
-    let mut ids = HashMap::new();
+    let mut ids = FastMap::default();
     ids.insert(empty.clone(), NameId::NONE);
     ids.insert(other.clone(), NameId::OVERFLOW);
     ids.insert(detached.clone(), NameId::DETACHED);

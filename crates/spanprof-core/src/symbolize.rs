@@ -2,7 +2,7 @@
 //! names with inlined frames, source files and lines (blazesym), cached per address
 //! and per name in caches bounded by bytes.
 
-use std::collections::HashMap;
+use crate::cache::FastMap;
 use std::sync::Arc;
 
 use blazesym::Pid;
@@ -139,8 +139,9 @@ impl AddressSymbolizer {
     }
 
     /// The frames of every address of `lookups`, symbolizing those not cached.
-    fn resolve_missing(&mut self, lookups: &[u64]) -> HashMap<u64, Arc<[Frame]>> {
-        let mut found: HashMap<u64, Arc<[Frame]>> = HashMap::with_capacity(lookups.len());
+    fn resolve_missing(&mut self, lookups: &[u64]) -> FastMap<u64, Arc<[Frame]>> {
+        let mut found: FastMap<u64, Arc<[Frame]>> =
+            FastMap::with_capacity_and_hasher(lookups.len(), Default::default());
         let mut missing = Vec::new();
         for &addr in lookups {
             if found.contains_key(&addr) {

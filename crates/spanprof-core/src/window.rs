@@ -2,11 +2,11 @@
 //! (labels, stack) with full labels, taken interval by interval. Sinks (periodic
 //! pprof files, Pyroscope, OTLP, `/debug/spanprof/profile?seconds=N`) read these.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::SystemTime;
 
+use crate::cache::FastMap;
 use crate::profile::{Profile, ProfileSample, SampleLabels, Stack};
 
 /// Default bound on distinct (labels, stack) entries of one window interval.
@@ -21,7 +21,7 @@ struct Entry {
 
 struct Interval {
     start: SystemTime,
-    entries: HashMap<(usize, usize), Entry>,
+    entries: FastMap<(usize, usize), Entry>,
 }
 
 pub(crate) struct WindowInner {
@@ -53,7 +53,7 @@ impl ProfileWindow {
         let inner = Arc::new(WindowInner {
             interval: Mutex::new(Interval {
                 start: SystemTime::now(),
-                entries: HashMap::new(),
+                entries: FastMap::default(),
             }),
             max_entries: max_entries.max(1),
             dropped: AtomicU64::new(0),

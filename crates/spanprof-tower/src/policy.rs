@@ -218,7 +218,7 @@ pub(crate) fn validate_route(field: &str, key: &str) -> Result<(), ConfigError> 
 #[derive(Debug, Clone)]
 pub(crate) struct Policies {
     pub(crate) default: RoutePolicy,
-    pub(crate) routes: HashMap<String, RoutePolicy>,
+    pub(crate) routes: HashMap<String, RoutePolicy, foldhash::fast::RandomState>,
     pub(crate) disabled: Vec<String>,
 }
 
@@ -226,7 +226,7 @@ impl Policies {
     pub(crate) fn new() -> Self {
         Policies {
             default: RoutePolicy::new(),
-            routes: HashMap::new(),
+            routes: HashMap::default(),
             disabled: Vec::new(),
         }
     }

