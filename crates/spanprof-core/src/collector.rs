@@ -15,9 +15,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::cache::{BoundedCache, CacheStats};
-use crate::intern::NameId;
 use crate::profile::TRUNCATED_ADDR;
 use crate::profile::{Hotness, SampleLabels, Stack};
+use crate::record::LabelIds;
 use crate::store::{IncomingLabels, IncomingSample, SpanProfileStore};
 use crate::symbolize::AddressSymbolizer;
 use crate::sys::ring::{FLAG_LABELLED, FLAG_TRUNCATED, RawSample};
@@ -33,7 +33,7 @@ const SYMBOL_CACHE_EIGHTHS: usize = 3;
 
 /// A drained sample: labels and its frames only (the ring slot is fixed-size).
 struct Drained {
-    labels: Option<IncomingLabels>,
+    labels: Option<(LabelIds, Hotness)>,
     addrs: Box<[u64]>,
     time_ns: u64,
     weight_ns: u64,
@@ -117,15 +117,7 @@ fn compact(s: &RawSample) -> Drained {
         addrs.push(TRUNCATED_ADDR);
     }
     Drained {
-        labels: (s.flags & FLAG_LABELLED != 0).then_some(IncomingLabels {
-            trace_id: s.trace_id,
-            span_id: s.span_id,
-            parent_span_id: s.parent_span_id,
-            root_span_id: s.root_span_id,
-            span_name: NameId(s.span_name),
-            route: NameId(s.route),
-            hot: Hotness::from_u8(s.hot),
-        }),
+        labels: (s.flags & FLAG_LABELLED != 0).then_some((s.ids, Hotness::from_u8(s.hot))),
         addrs: addrs.into(),
         time_ns: s.time_ns,
         weight_ns: s.weight_ns,
@@ -256,10 +248,16 @@ fn process(
             .iter()
             .map(|d| stacks.stack(&d.addrs, &mut symbolizer))
             .collect();
+        // Each sample's labels resolved to strings once, here, for the store and the
+        // windows alike (one cache lookup per sample).
         let samples: Vec<IncomingSample<'_>> = batch
             .iter()
             .map(|d| IncomingSample {
-                labels: d.labels,
+                labels: d.labels.map(|(ids, hot)| IncomingLabels {
+                    ids,
+                    hot,
+                    resolved: resolve_labels(&mut labels_cache, ids, hot),
+                }),
                 addrs: &d.addrs,
                 time_ns: d.time_ns,
                 weight_ns: d.weight_ns,
@@ -269,7 +267,7 @@ fn process(
             Some(s) => s.clone(),
             None => symbolizer.stack(addrs),
         });
-        let open = feed_windows(&windows, &batch, &batch_stacks, &mut labels_cache);
+        let open = feed_windows(&windows, &samples, &batch_stacks);
         *shared.memory.lock().unwrap_or_else(|e| e.into_inner()) = CollectorMemory {
             stacks: stacks.cache.stats(),
             symbols: symbolizer.stats(),
@@ -314,15 +312,29 @@ impl StackCache {
     }
 }
 
-type LabelsCache = BoundedCache<(u64, u128, u8), Arc<SampleLabels>>;
+/// Resolved labels by (ids, hotness): one resolution per distinct value.
+type LabelsCache = BoundedCache<(LabelIds, Hotness), Arc<SampleLabels>>;
+
+/// `ids` at `hot`, resolved to strings, from the cache or the interner.
+fn resolve_labels(cache: &mut LabelsCache, ids: LabelIds, hot: Hotness) -> Arc<SampleLabels> {
+    if let Some(labels) = cache.get(&(ids, hot)) {
+        return labels.clone();
+    }
+    let labels = Arc::new(ids.resolve(hot));
+    cache.insert(
+        (ids, hot),
+        labels.clone(),
+        2 * std::mem::size_of::<usize>() + std::mem::size_of::<SampleLabels>(),
+    );
+    labels
+}
 
 /// Adds a batch to every open window (full labels per sample); returns the open
 /// windows.
 fn feed_windows(
     windows: &Mutex<Vec<Weak<WindowInner>>>,
-    batch: &[Drained],
+    samples: &[IncomingSample<'_>],
     stacks: &[Stack],
-    labels_cache: &mut LabelsCache,
 ) -> Vec<Arc<WindowInner>> {
     let live: Vec<Arc<WindowInner>> = {
         let mut w = windows.lock().unwrap_or_else(|e| e.into_inner());
@@ -332,33 +344,14 @@ fn feed_windows(
     if live.is_empty() {
         return live;
     }
-    for (d, stack) in batch.iter().zip(stacks) {
-        let labels = d
+    for (s, stack) in samples.iter().zip(stacks) {
+        let labels = s
             .labels
-            .filter(|l| l.span_id != 0 || l.trace_id != 0 || l.route != NameId::NONE)
-            .map(|l| {
-                let key = (l.span_id, l.trace_id, l.hot as u8);
-                if let Some(labels) = labels_cache.get(&key) {
-                    return labels.clone();
-                }
-                let labels = Arc::new(SampleLabels {
-                    trace_id: l.trace_id,
-                    span_id: l.span_id,
-                    parent_span_id: l.parent_span_id,
-                    root_span_id: l.root_span_id,
-                    span_name: crate::intern::resolve(l.span_name),
-                    route: crate::intern::resolve(l.route),
-                    hot: l.hot,
-                });
-                labels_cache.insert(
-                    key,
-                    labels.clone(),
-                    2 * std::mem::size_of::<usize>() + std::mem::size_of::<SampleLabels>(),
-                );
-                labels
-            });
+            .as_ref()
+            .filter(|l| l.ids.is_named())
+            .map(|l| l.resolved.clone());
         for w in &live {
-            w.add(&labels, stack, d.weight_ns);
+            w.add(&labels, stack, s.weight_ns);
         }
     }
     live

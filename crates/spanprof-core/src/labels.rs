@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 use crate::intern::{self, NameId};
 use crate::profile::Hotness;
-use crate::record::{ENDED, HOT_BITS, LabelRecord};
+use crate::record::{ENDED, HOT_BITS, LabelIds, LabelRecord};
 use crate::sys;
 
 /// Exact poll accounting of one span: time inside polls, number of polls, longest
@@ -120,42 +120,42 @@ impl SpanLabels {
 
     /// The 128-bit trace id (0 when the work has no trace).
     pub fn trace_id(&self) -> u128 {
-        self.record.trace_id
+        self.record.ids.trace_id
     }
 
     /// The 64-bit span id.
     pub fn span_id(&self) -> u64 {
-        self.record.span_id
+        self.record.ids.span_id
     }
 
     /// The parent span id (0 for a root).
     pub fn parent_span_id(&self) -> u64 {
-        self.record.parent_span_id
+        self.record.ids.parent_span_id
     }
 
     /// The local-root span id.
     pub fn root_span_id(&self) -> u64 {
-        self.record.root_span_id
+        self.record.ids.root_span_id
     }
 
     /// The span id as 16 lowercase hex digits (the `pyroscope.profile.id` form).
     pub fn span_id_hex(&self) -> String {
-        format!("{:016x}", self.record.span_id)
+        format!("{:016x}", self.record.ids.span_id)
     }
 
     /// The trace id as 32 lowercase hex digits.
     pub fn trace_id_hex(&self) -> String {
-        format!("{:032x}", self.record.trace_id)
+        format!("{:032x}", self.record.ids.trace_id)
     }
 
     /// The span name.
     pub fn span_name(&self) -> Arc<str> {
-        intern::resolve(self.record.span_name)
+        intern::resolve(self.record.ids.span_name)
     }
 
     /// The route template (empty when unknown).
     pub fn route(&self) -> Arc<str> {
-        intern::resolve(self.record.route)
+        intern::resolve(self.record.ids.route)
     }
 
     /// Whether, and why, the work is profiled at the high rate.
@@ -188,12 +188,12 @@ impl SpanLabels {
     /// span starts ended.
     pub fn child(&self, span_id: u64, span_name: &str) -> SpanLabels {
         let mut b = SpanLabels::builder()
-            .trace_id(self.record.trace_id)
+            .trace_id(self.record.ids.trace_id)
             .span_id(span_id)
-            .parent_span_id(self.record.span_id)
-            .root_span_id(self.record.root_span_id)
+            .parent_span_id(self.record.ids.span_id)
+            .root_span_id(self.record.ids.root_span_id)
             .span_name(span_name)
-            .route_id(self.record.route)
+            .route_id(self.record.ids.route)
             .hot(self.hotness());
         b.slow_deadline_ns = self.record.slow_deadline_ns;
         b.high_ns = self.record.high_ns;
@@ -264,11 +264,14 @@ impl SpanLabels {
 impl fmt::Debug for SpanLabels {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SpanLabels")
-            .field("trace_id", &format_args!("{:032x}", self.record.trace_id))
-            .field("span_id", &format_args!("{:016x}", self.record.span_id))
+            .field(
+                "trace_id",
+                &format_args!("{:032x}", self.record.ids.trace_id),
+            )
+            .field("span_id", &format_args!("{:016x}", self.record.ids.span_id))
             .field(
                 "root_span_id",
-                &format_args!("{:016x}", self.record.root_span_id),
+                &format_args!("{:016x}", self.record.ids.root_span_id),
             )
             .field("span_name", &self.span_name())
             .field("route", &self.route())
@@ -375,12 +378,14 @@ impl SpanLabelsBuilder {
     /// Builds the labels (one allocation).
     pub fn build(self) -> SpanLabels {
         SpanLabels::owning(Arc::new(LabelRecord {
-            trace_id: self.trace_id,
-            span_id: self.span_id,
-            parent_span_id: self.parent_span_id,
-            root_span_id: self.root_span_id.unwrap_or(self.span_id),
-            span_name: self.span_name.unwrap_or(NameId::NONE),
-            route: self.route.unwrap_or(NameId::NONE),
+            ids: LabelIds {
+                trace_id: self.trace_id,
+                span_id: self.span_id,
+                parent_span_id: self.parent_span_id,
+                root_span_id: self.root_span_id.unwrap_or(self.span_id),
+                span_name: self.span_name.unwrap_or(NameId::NONE),
+                route: self.route.unwrap_or(NameId::NONE),
+            },
             state: AtomicU8::new(self.hot as u8),
             owners: AtomicUsize::new(0),
             cpu_samples: AtomicU64::new(0),

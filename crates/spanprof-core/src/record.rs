@@ -6,18 +6,75 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
-use crate::intern::NameId;
+use crate::intern::{self, NameId};
+use crate::profile::{Hotness, SampleLabels};
 
-/// The record a label slot points at. Immutable but for the atomics, so a signal
-/// handler that reads it through the slot's pointer never sees a torn value.
-#[derive(Debug)]
-pub(crate) struct LabelRecord {
+/// The identity a sample carries, as ids: written once into a [`LabelRecord`],
+/// copied as one value into each sample by the signal handler, carried so through the
+/// ring and the collector's queue, and resolved to strings ([`SampleLabels`]) once per
+/// sample by the collector, whose result the store and the profile windows share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(C)]
+pub(crate) struct LabelIds {
     pub(crate) trace_id: u128,
     pub(crate) span_id: u64,
     pub(crate) parent_span_id: u64,
     pub(crate) root_span_id: u64,
     pub(crate) span_name: NameId,
     pub(crate) route: NameId,
+}
+
+impl LabelIds {
+    /// No trace, no span, no names.
+    pub(crate) const NONE: LabelIds = LabelIds {
+        trace_id: 0,
+        span_id: 0,
+        parent_span_id: 0,
+        root_span_id: 0,
+        span_name: NameId::NONE,
+        route: NameId::NONE,
+    };
+
+    /// The ids of work still running after its span ended: no trace or span ids, the
+    /// detached span name, the route kept.
+    #[inline(always)]
+    pub(crate) const fn detached(route: NameId) -> LabelIds {
+        LabelIds {
+            span_name: NameId::DETACHED,
+            route,
+            ..LabelIds::NONE
+        }
+    }
+
+    /// Whether a span (or at least a trace) is named: what the store keeps per span.
+    pub(crate) fn has_span(&self) -> bool {
+        self.span_id != 0 || self.trace_id != 0
+    }
+
+    /// Whether anything is named at all, a route at least: what profile windows label.
+    pub(crate) fn is_named(&self) -> bool {
+        self.has_span() || self.route != NameId::NONE
+    }
+
+    /// The same identity with its names resolved to strings.
+    pub(crate) fn resolve(&self, hot: Hotness) -> SampleLabels {
+        SampleLabels {
+            trace_id: self.trace_id,
+            span_id: self.span_id,
+            parent_span_id: self.parent_span_id,
+            root_span_id: self.root_span_id,
+            span_name: intern::resolve(self.span_name),
+            route: intern::resolve(self.route),
+            hot,
+        }
+    }
+}
+
+/// The record a label slot points at. Immutable but for the atomics, so a signal
+/// handler that reads it through the slot's pointer never sees a torn value.
+#[derive(Debug)]
+pub(crate) struct LabelRecord {
+    pub(crate) ids: LabelIds,
     /// A [`crate::Hotness`] in the low bits, raised while the work runs (slow promotion),
     /// and [`ENDED`] once the span has ended. Read as an `i8`, the byte is positive
     /// exactly when the work is hot and its span still live ([`LabelRecord::is_hot`]).

@@ -1,7 +1,5 @@
 //! Time buckets: per route, what every sample cost, for route and process windows.
 
-use std::collections::HashMap;
-
 use crate::intern::NameId;
 
 use super::*;
@@ -10,7 +8,7 @@ pub(super) struct Bucket {
     pub(super) start_ns: u64,
     /// Keyed by (route, labelled), then stack: a route's query touches its own
     /// entries only.
-    pub(super) entries: HashMap<(NameId, bool), HashMap<u32, Counts>>,
+    pub(super) entries: FastMap<(NameId, bool), FastMap<u32, Counts>>,
 }
 
 impl State {
@@ -22,7 +20,7 @@ impl State {
         if need_new {
             self.buckets.push_back(Bucket {
                 start_ns: start,
-                entries: HashMap::new(),
+                entries: FastMap::default(),
             });
             while self.buckets.len() > self.cfg.buckets {
                 self.drop_oldest_bucket();
@@ -49,7 +47,7 @@ impl State {
 
     pub(super) fn drop_oldest_bucket(&mut self) {
         if let Some(b) = self.buckets.pop_front() {
-            for stack in b.entries.into_values().flat_map(HashMap::into_keys) {
+            for stack in b.entries.into_values().flat_map(FastMap::into_keys) {
                 self.bytes = self.bytes.saturating_sub(BUCKET_ENTRY_BYTES);
                 self.stack_unref(stack);
             }

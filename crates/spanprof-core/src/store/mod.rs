@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime};
 use crate::error::ProfilerError;
 use crate::intern::NameId;
 use crate::profile::{Hotness, SampleLabels, Stack};
+use crate::record::LabelIds;
 
 mod buckets;
 mod queries;
@@ -140,15 +141,12 @@ pub(crate) struct IncomingSample<'a> {
     pub(crate) weight_ns: u64,
 }
 
-#[derive(Clone, Copy)]
+/// A sample's labels: its ids, how hot it was, and the same resolved to strings by
+/// the collector (shared with the profile windows; a new span entry keeps it).
 pub(crate) struct IncomingLabels {
-    pub(crate) trace_id: u128,
-    pub(crate) span_id: u64,
-    pub(crate) parent_span_id: u64,
-    pub(crate) root_span_id: u64,
-    pub(crate) span_name: NameId,
-    pub(crate) route: NameId,
+    pub(crate) ids: LabelIds,
     pub(crate) hot: Hotness,
+    pub(crate) resolved: Arc<SampleLabels>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -262,11 +260,11 @@ impl SpanProfileStore {
         for s in samples {
             st.stats.samples += 1;
             let stack = st.stack_id(s.addrs, &mut frames_of);
-            let route = s.labels.map_or(NameId::NONE, |l| l.route);
-            match s.labels {
-                Some(l) if l.span_id != 0 || l.trace_id != 0 => {
+            let route = s.labels.as_ref().map_or(NameId::NONE, |l| l.ids.route);
+            match &s.labels {
+                Some(l) if l.ids.has_span() => {
                     st.add_to_bucket(s.time_ns, (route, true, stack), s.weight_ns);
-                    st.add_to_span(&l, stack, s.time_ns, s.weight_ns)
+                    st.add_to_span(l, stack, s.time_ns, s.weight_ns)
                 }
                 _ => {
                     st.add_to_bucket(s.time_ns, (route, false, stack), s.weight_ns);
@@ -334,14 +332,18 @@ mod tests {
     }
 
     fn labels(span: u64, parent: u64, root: u64) -> IncomingLabels {
-        IncomingLabels {
+        let ids = LabelIds {
             trace_id: 7,
             span_id: span,
             parent_span_id: parent,
             root_span_id: root,
             span_name: intern::intern("test span"),
             route: intern::intern("GET /store-test"),
+        };
+        IncomingLabels {
+            ids,
             hot: Hotness::Cold,
+            resolved: Arc::new(ids.resolve(Hotness::Cold)),
         }
     }
 

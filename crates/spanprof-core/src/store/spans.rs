@@ -1,9 +1,7 @@
 //! Spans: each span's samples by stack, oldest evicted first.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::intern::{self};
 use crate::profile::{Hotness, SampleLabels};
 
 use super::*;
@@ -16,7 +14,7 @@ pub(super) struct SpanEntry {
     pub(super) samples: u64,
     pub(super) cpu_ns: u64,
     pub(super) max_hot: Hotness,
-    pub(super) stacks: HashMap<(u32, Hotness), Counts>,
+    pub(super) stacks: FastMap<(u32, Hotness), Counts>,
 }
 
 impl State {
@@ -27,34 +25,27 @@ impl State {
         time_ns: u64,
         weight: u64,
     ) {
-        if !self.spans.contains_key(&l.span_id) {
+        if !self.spans.contains_key(&l.ids.span_id) {
             let seq = self.next_seq;
             self.next_seq += 1;
-            self.span_order.push_back((l.span_id, seq));
+            self.span_order.push_back((l.ids.span_id, seq));
             self.bytes += SPAN_BYTES;
             self.spans.insert(
-                l.span_id,
+                l.ids.span_id,
                 SpanEntry {
-                    labels: Arc::new(SampleLabels {
-                        trace_id: l.trace_id,
-                        span_id: l.span_id,
-                        parent_span_id: l.parent_span_id,
-                        root_span_id: l.root_span_id,
-                        span_name: intern::resolve(l.span_name),
-                        route: intern::resolve(l.route),
-                        hot: Hotness::Cold,
-                    }),
+                    // Its `hot` is the first sample's; queries report `max_hot`.
+                    labels: l.resolved.clone(),
                     seq,
                     first_ns: time_ns,
                     last_ns: time_ns,
                     samples: 0,
                     cpu_ns: 0,
                     max_hot: Hotness::Cold,
-                    stacks: HashMap::new(),
+                    stacks: FastMap::default(),
                 },
             );
         }
-        let e = self.spans.get_mut(&l.span_id).expect("inserted above");
+        let e = self.spans.get_mut(&l.ids.span_id).expect("inserted above");
         e.first_ns = e.first_ns.min(time_ns);
         e.last_ns = e.last_ns.max(time_ns);
         e.samples += 1;

@@ -16,8 +16,7 @@ use super::ring::{FLAG_LABELLED, FLAG_PERF, FLAG_TRUNCATED};
 use super::thread::ThreadSampler;
 use super::timer::CpuTimer;
 use super::{perf, slot, unwind};
-use crate::intern::NameId;
-use crate::record::ENDED;
+use crate::record::{ENDED, LabelIds};
 
 /// The signal both the CPU timers and the perf events deliver.
 pub(crate) const SIGNAL: i32 = libc::SIGPROF;
@@ -414,16 +413,10 @@ unsafe fn handle(info: *const SigInfoTimer, uctx: *mut libc::c_void) {
         }
         if let Some(r) = rec {
             flags |= FLAG_LABELLED;
-            s.route = r.route.0;
             if ended {
-                // The ids stay zero (the ring zeroes every slot before `fill`).
-                s.span_name = NameId::DETACHED.0;
+                s.ids = LabelIds::detached(r.ids.route);
             } else {
-                s.trace_id = r.trace_id;
-                s.span_id = r.span_id;
-                s.parent_span_id = r.parent_span_id;
-                s.root_span_id = r.root_span_id;
-                s.span_name = r.span_name.0;
+                s.ids = r.ids;
                 s.hot = hot;
             }
         }

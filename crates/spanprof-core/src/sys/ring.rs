@@ -9,6 +9,7 @@ use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::MAX_FRAMES;
+use crate::record::LabelIds;
 
 /// Flag bit: the work was hot when sampled.
 pub(crate) const FLAG_PERF: u32 = 1 << 0;
@@ -21,15 +22,11 @@ pub(crate) const FLAG_LABELLED: u32 = 1 << 2;
 #[derive(Clone, Copy)]
 #[repr(C)]
 pub(crate) struct RawSample {
-    pub(crate) trace_id: u128,
-    pub(crate) span_id: u64,
-    pub(crate) parent_span_id: u64,
-    pub(crate) root_span_id: u64,
+    /// The labels' ids (all zero when no labels were in the slot).
+    pub(crate) ids: LabelIds,
     pub(crate) weight_ns: u64,
     /// CLOCK_MONOTONIC nanoseconds.
     pub(crate) time_ns: u64,
-    pub(crate) span_name: u32,
-    pub(crate) route: u32,
     pub(crate) hot: u8,
     pub(crate) flags: u32,
     pub(crate) depth: u32,
@@ -140,7 +137,7 @@ mod tests {
         let ring = SampleRing::new(4);
         for i in 0..6 {
             let ok = ring.write(|s| {
-                s.span_id = i;
+                s.ids.span_id = i;
                 s.depth = 1;
                 s.frames[0] = 100 + i;
             });
@@ -149,15 +146,15 @@ mod tests {
         assert_eq!(ring.dropped_full(), 2);
         let mut out = Vec::new();
         assert_eq!(
-            ring.drain(|s| out.push((s.span_id, s.frames().to_vec()))),
+            ring.drain(|s| out.push((s.ids.span_id, s.frames().to_vec()))),
             4
         );
         assert_eq!(out.iter().map(|s| s.0).collect::<Vec<_>>(), [0, 1, 2, 3]);
         assert_eq!(out[3].1, [103]);
-        assert!(ring.write(|s| s.span_id = 9));
+        assert!(ring.write(|s| s.ids.span_id = 9));
         out.clear();
         assert_eq!(
-            ring.drain(|s| out.push((s.span_id, s.frames().to_vec()))),
+            ring.drain(|s| out.push((s.ids.span_id, s.frames().to_vec()))),
             1
         );
         assert_eq!(out[0].0, 9);
