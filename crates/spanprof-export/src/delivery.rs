@@ -146,15 +146,37 @@ impl DeliveryStats {
 /// Why one send failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SendError {
-    /// Worth retrying: connection refused or reset, timeout, 5xx, 408, 429.
+    /// Worth retrying: connection refused or reset, timeout, HTTP 5xx, 408, 429, and
+    /// the gRPC codes `Unavailable`, `Cancelled`, `DeadlineExceeded`,
+    /// `ResourceExhausted`, `Aborted`, `Internal` and `Unknown`.
     Retryable(String),
-    /// The server refused the payload (4xx): retrying would not help.
+    /// The server refused the payload: retrying would not help.
     Rejected {
-        /// HTTP status.
-        status: u16,
+        /// What the server answered.
+        status: RejectStatus,
         /// What the server said (truncated).
         message: String,
     },
+}
+
+/// The status a server refused a payload with: the transport's own kind, never
+/// mixed up (an HTTP 404 and the gRPC code 5, `NotFound`, are different values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RejectStatus {
+    /// An HTTP status, 4xx but 408 and 429 (Pyroscope, OTLP over HTTP).
+    Http(u16),
+    /// A gRPC status code (OTLP over gRPC), such as 3 (`InvalidArgument`) or 16
+    /// (`Unauthenticated`).
+    Grpc(i32),
+}
+
+impl std::fmt::Display for RejectStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RejectStatus::Http(status) => write!(f, "HTTP {status}"),
+            RejectStatus::Grpc(code) => write!(f, "gRPC code {code}"),
+        }
+    }
 }
 
 /// A boxed send future.
@@ -536,7 +558,7 @@ fn run(shared: Arc<Shared>, transport: impl Transport, clock: Clock) {
     };
     let cfg = &shared.cfg;
     let mut backoff = Backoff::new(cfg.base_backoff, cfg.max_backoff);
-    let mut logged_status: HashSet<u16> = HashSet::new();
+    let mut logged_status: HashSet<RejectStatus> = HashSet::new();
     loop {
         // Next payload, or exit when closing and empty (or past the deadline).
         let payload = {
@@ -576,7 +598,7 @@ fn run(shared: Arc<Shared>, transport: impl Transport, clock: Clock) {
                     if logged_status.insert(status) {
                         tracing::warn!(
                             sink = shared.name,
-                            status,
+                            status = %status,
                             message = %message,
                             "spanprof: the server rejected a profile; not retrying (logged once per status)"
                         );

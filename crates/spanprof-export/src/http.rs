@@ -2,7 +2,7 @@
 //! client with custom CA certificates, and how a response maps to the retry policy.
 
 #[cfg(any(feature = "pyroscope", feature = "otlp"))]
-use crate::{ExportError, SendError};
+use crate::{ExportError, RejectStatus, SendError};
 
 /// `User-Agent` of every request spanprof sends.
 pub const USER_AGENT: &str = concat!("spanprof/", env!("CARGO_PKG_VERSION"));
@@ -236,7 +236,7 @@ pub(crate) async fn classify(
                 Err(SendError::Retryable(format!("{status}: {message}")))
             } else {
                 Err(SendError::Rejected {
-                    status: status.as_u16(),
+                    status: RejectStatus::Http(status.as_u16()),
                     message,
                 })
             }
@@ -279,5 +279,36 @@ mod tests {
         let mut s = "short".to_owned();
         truncate_utf8(&mut s, 512);
         assert_eq!(s, "short");
+    }
+
+    #[cfg(any(feature = "pyroscope", feature = "otlp"))]
+    #[test]
+    fn refusals_carry_the_http_status_and_retryable_codes_do_not_refuse() {
+        let answer = |status: u16| {
+            let response = http::Response::builder()
+                .status(status)
+                .body("no such tenant")
+                .expect("a response");
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .expect("runtime");
+            rt.block_on(classify(Ok(reqwest::Response::from(response))))
+        };
+        assert_eq!(
+            answer(404),
+            Err(SendError::Rejected {
+                status: RejectStatus::Http(404),
+                message: "no such tenant".to_owned(),
+            })
+        );
+        for retryable in [408, 429, 500, 503] {
+            assert!(
+                matches!(answer(retryable), Err(SendError::Retryable(_))),
+                "{retryable}"
+            );
+        }
+        assert_eq!(answer(200), Ok(()));
+        assert_eq!(RejectStatus::Http(404).to_string(), "HTTP 404");
+        assert_eq!(RejectStatus::Grpc(3).to_string(), "gRPC code 3");
     }
 }

@@ -19,7 +19,8 @@ mod sinks;
 mod source;
 
 pub use delivery::{
-    DEFAULT_SHUTDOWN_DEADLINE, Delivery, DeliveryConfig, DeliveryStats, SendError, Transport,
+    DEFAULT_SHUTDOWN_DEADLINE, Delivery, DeliveryConfig, DeliveryStats, RejectStatus, SendError,
+    Transport,
 };
 pub use files::{
     DEFAULT_FILE_INTERVAL, DEFAULT_MAX_FILES, PprofFileConfig, PprofFileExporter, write_one,

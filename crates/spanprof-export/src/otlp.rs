@@ -16,7 +16,9 @@ use opentelemetry_proto::tonic::resource::v1::Resource;
 use prost::Message;
 use spanprof_core::{Frame, Profile};
 
-use crate::delivery::{Delivery, DeliveryConfig, DeliveryStats, SendError, SendFuture, Transport};
+use crate::delivery::{
+    Delivery, DeliveryConfig, DeliveryStats, RejectStatus, SendError, SendFuture, Transport,
+};
 use crate::{ExportError, Exporter, ProfileSource};
 
 /// The HTTP path of the profiles signal.
@@ -520,7 +522,7 @@ impl Transport for GrpcTransport {
                         | Code::Internal
                         | Code::Unknown => Err(SendError::Retryable(status.to_string())),
                         code => Err(SendError::Rejected {
-                            status: code as u16,
+                            status: RejectStatus::Grpc(code as i32),
                             message: status.message().to_owned(),
                         }),
                     }

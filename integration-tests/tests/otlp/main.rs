@@ -312,3 +312,42 @@ fn otel_exporter_variables_profiles_first_and_errors_name_them() {
     .to_string();
     assert!(e.contains("`OTEL_EXPORTER_OTLP_ENDPOINT`"), "{e}");
 }
+
+/// A collector that refuses every profile over gRPC (`UNAUTHENTICATED`): the refusal
+/// is counted, not retried, and logged once with its gRPC status code, never passed
+/// off as an HTTP status (issue 13: code 16 used to read as "status=16").
+#[test]
+fn a_grpc_refusal_is_counted_and_logged_once_with_its_grpc_code() {
+    let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    tracing::subscriber::set_global_default(support::capture_logs(logs.clone())).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (collector, addr) = start_collector(&rt, &[("x-api-key", "right")]);
+    let mut cfg = OtlpProfilesConfig::from_lookup(|k| match k {
+        "OTEL_EXPORTER_OTLP_ENDPOINT" => Some(format!("http://{addr}")),
+        "OTEL_EXPORTER_OTLP_PROTOCOL" => Some("grpc".into()),
+        _ => None,
+    })
+    .unwrap()
+    .unwrap();
+    cfg.interval = Duration::from_millis(200);
+    let exporter = OtlpProfilesExporter::start(cfg, support::receiver::numbered_source()).unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    let stats = exporter.shutdown(Duration::from_secs(5));
+    assert!(
+        stats.dropped_rejected >= 2 && stats.sent == 0 && stats.retried == 0,
+        "{stats:?}"
+    );
+    assert!(collector.0.lock().unwrap().is_empty());
+    let logs = logs.lock().unwrap();
+    let refusals: Vec<&String> = logs
+        .iter()
+        .filter(|l| l.contains("rejected a profile"))
+        .collect();
+    assert_eq!(refusals.len(), 1, "logged once per status: {logs:#?}");
+    assert!(
+        refusals[0].contains("status=gRPC code 16 "),
+        "{}",
+        refusals[0]
+    );
+    drop(rt);
+}
