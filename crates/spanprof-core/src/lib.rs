@@ -24,7 +24,7 @@ mod threads;
 mod window;
 
 pub use cache::CacheStats;
-pub use error::ProfilerError;
+pub use error::{ConfigError, ProfilerError};
 pub use future::{Labelled, WithSpanLabels, spawn_blocking, spawn_local};
 pub use hooks::{
     InheritanceStats, TASK_INHERITANCE, inheritance_stats, install_runtime_hooks, on_thread_start,

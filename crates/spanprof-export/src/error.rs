@@ -1,38 +1,28 @@
 //! [`ExportError`]: what goes wrong configuring or starting a sink.
 
+use spanprof_core::ConfigError;
+
 /// A sink could not be configured or started.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum ExportError {
-    /// A configuration value (or environment variable) is wrong; names it.
-    Config {
-        /// The field or variable.
-        field: String,
-        /// What is wrong.
-        reason: String,
-    },
+    /// A configuration value (or environment variable) is wrong; names it. The same
+    /// error type as the profiler's and the layer's.
+    Config(ConfigError),
     /// An I/O error (creating the pprof directory, for one).
     Io(std::io::Error),
 }
 
 impl ExportError {
     pub(crate) fn config(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        ExportError::Config {
-            field: field.into(),
-            reason: reason.into(),
-        }
+        ExportError::Config(ConfigError::new(field, reason))
     }
 }
 
 impl std::fmt::Display for ExportError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ExportError::Config { field, reason } => {
-                write!(
-                    f,
-                    "invalid spanprof export configuration: `{field}`: {reason}"
-                )
-            }
+            ExportError::Config(e) => e.fmt(f),
             ExportError::Io(e) => write!(f, "spanprof export: {e}"),
         }
     }
@@ -42,8 +32,14 @@ impl std::error::Error for ExportError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             ExportError::Io(e) => Some(e),
-            ExportError::Config { .. } => None,
+            ExportError::Config(e) => Some(e),
         }
+    }
+}
+
+impl From<ConfigError> for ExportError {
+    fn from(e: ConfigError) -> Self {
+        ExportError::Config(e)
     }
 }
 

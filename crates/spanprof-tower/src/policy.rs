@@ -2,10 +2,12 @@
 //! request counts as slow, and which routes are not profiled at all.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::time::Duration;
 
 use serde::Deserialize;
+/// The configuration error of every spanprof crate: re-exported where the layer's
+/// builder returns it.
+pub use spanprof_core::ConfigError;
 use spanprof_core::Hotness;
 
 /// Default share of traces whose requests are profiled at the high rate.
@@ -13,32 +15,8 @@ pub const DEFAULT_SAMPLE_RATE: f64 = 0.05;
 /// Default time after which a running request is promoted to the high rate.
 pub const DEFAULT_SLOW_AFTER: Duration = Duration::from_secs(1);
 
-/// A configuration error, naming the field at fault.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ConfigError {
-    /// The field, as a path (for example `routes["/checkout"].sample_rate`).
-    pub field: String,
-    /// What is wrong with it.
-    pub reason: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "invalid spanprof configuration: `{}`: {}",
-            self.field, self.reason
-        )
-    }
-}
-
-impl std::error::Error for ConfigError {}
-
 fn err(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
-    ConfigError {
-        field: field.into(),
-        reason: reason.into(),
-    }
+    ConfigError::new(field, reason)
 }
 
 /// How one route is profiled. Every request of every enabled route is labelled and

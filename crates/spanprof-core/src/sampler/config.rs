@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::error::ConfigError;
 use crate::store::StoreConfig;
 
 use super::*;
@@ -124,13 +125,9 @@ impl ProfilerBuilder {
     ) -> Result<Self, ProfilerError> {
         let hz = |name: &'static str| -> Result<Option<u32>, ProfilerError> {
             let Some(v) = var(name) else { return Ok(None) };
-            v.trim()
-                .parse::<u32>()
-                .map(Some)
-                .map_err(|_| ProfilerError::InvalidConfig {
-                    field: name,
-                    reason: format!("`{v}` is not a whole number of Hz"),
-                })
+            v.trim().parse::<u32>().map(Some).map_err(|_| {
+                ConfigError::new(name, format!("`{v}` is not a whole number of Hz")).into()
+            })
         };
         if let Some(b) = hz("SPANPROF_BASELINE_HZ")? {
             self.baseline_hz = b;
@@ -148,7 +145,7 @@ impl ProfilerBuilder {
     }
 
     fn validate(&self) -> Result<(), ProfilerError> {
-        let bad = |field, reason: String| Err(ProfilerError::InvalidConfig { field, reason });
+        let bad = |field, reason: String| Err(ConfigError::new(field, reason).into());
         if !(1..=1000).contains(&self.baseline_hz) {
             return bad(
                 "baseline_hz",

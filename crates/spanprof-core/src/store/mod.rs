@@ -8,7 +8,7 @@ use crate::cache::FastMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use crate::error::ProfilerError;
+use crate::error::{ConfigError, ProfilerError};
 use crate::intern::NameId;
 use crate::profile::{Hotness, SampleLabels, Stack};
 use crate::record::LabelIds;
@@ -72,12 +72,7 @@ impl Default for StoreConfig {
 
 impl StoreConfig {
     pub(crate) fn validate(&self) -> Result<(), ProfilerError> {
-        let bad = |field, reason: &str| {
-            Err(ProfilerError::InvalidConfig {
-                field,
-                reason: reason.to_owned(),
-            })
-        };
+        let bad = |field: &str, reason: &str| Err(ConfigError::new(field, reason).into());
         if self.max_spans == 0 {
             return bad("store.max_spans", "must be at least 1");
         }

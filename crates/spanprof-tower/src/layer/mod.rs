@@ -256,10 +256,7 @@ impl ProfileCorrelationLayerBuilder {
         policies.validate(baseline)?;
         let max_routes = self.max_routes.unwrap_or(DEFAULT_MAX_ROUTES);
         if max_routes == 0 {
-            return Err(ConfigError {
-                field: "max_routes".to_owned(),
-                reason: "must be at least 1".to_owned(),
-            });
+            return Err(ConfigError::new("max_routes", "must be at least 1"));
         }
         registry::set_scope(scope);
         // quanta calibrates its clock on first use (milliseconds): here, not in the
