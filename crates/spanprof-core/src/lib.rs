@@ -38,6 +38,7 @@ pub use labels::{LabelGuard, current_labels};
 pub use labels::{PollStats, SpanLabels, SpanLabelsBuilder};
 pub use profile::{
     Frame, FunctionCost, Hotness, Profile, ProfileSample, SampleLabels, SpanCost, Stack,
+    physical_frames,
 };
 pub use sampler::{
     Capabilities, DEFAULT_BASELINE_HZ, DEFAULT_CACHE_BYTES, DEFAULT_DRAIN_INTERVAL,

@@ -32,6 +32,37 @@ pub struct Frame {
 /// A symbolized call stack, leaf (innermost) frame first.
 pub type Stack = Arc<[Frame]>;
 
+/// The physical frames of `stack`, leaf first: each item is the run of frames at one
+/// return address (the functions inlined there, innermost first, then the function
+/// they were inlined into). pprof's locations and OTLP's are one per item.
+///
+/// ```
+/// use spanprof_core::{Frame, physical_frames};
+/// let frame = |function: &str, address, inlined| Frame {
+///     function: function.into(),
+///     file: None,
+///     line: 0,
+///     address,
+///     inlined,
+/// };
+/// let stack = [frame("hash", 0x20, true), frame("compute", 0x20, false), frame("main", 0x10, false)];
+/// let groups: Vec<usize> = physical_frames(&stack).map(|f| f.len()).collect();
+/// assert_eq!(groups, [2, 1]);
+/// ```
+pub fn physical_frames(stack: &[Frame]) -> impl Iterator<Item = &[Frame]> {
+    let mut rest = stack;
+    std::iter::from_fn(move || {
+        let first = rest.first()?;
+        let mut end = 0;
+        while rest[end].inlined && end + 1 < rest.len() && rest[end + 1].address == first.address {
+            end += 1;
+        }
+        let (frame, tail) = rest.split_at(end + 1);
+        rest = tail;
+        Some(frame)
+    })
+}
+
 /// The span identity carried by a sample, resolved to strings.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SampleLabels {

@@ -556,46 +556,74 @@ fn run(shared: Arc<Shared>, transport: impl Transport, clock: Clock) {
             return;
         }
     };
-    let cfg = &shared.cfg;
-    let mut backoff = Backoff::new(cfg.base_backoff, cfg.max_backoff);
-    let mut logged_status: HashSet<RejectStatus> = HashSet::new();
+    let mut sender = Sender {
+        rt: &rt,
+        shared: &shared,
+        transport: &transport,
+        backoff: Backoff::new(shared.cfg.base_backoff, shared.cfg.max_backoff),
+        logged_status: HashSet::new(),
+    };
+    while let Some(payload) = next_payload(&shared) {
+        sender.deliver(&payload);
+        let mut q = shared.lock();
+        q.in_flight = InFlight::None;
+        q.abandon_in_flight = false;
+    }
+    // Neither wait for nor drop-block on the transport's leftovers (a DNS lookup on a
+    // blocking thread, a half-open connection).
+    rt.shutdown_background();
+}
+
+/// The next payload to send (marked in flight), or `None` when the sink is closing
+/// and its queue is empty or its deadline has passed (what is left is counted as
+/// dropped at shutdown).
+fn next_payload(shared: &Shared) -> Option<Vec<u8>> {
+    let mut q = shared.lock();
     loop {
-        // Next payload, or exit when closing and empty (or past the deadline).
-        let payload = {
-            let mut q = shared.lock();
-            loop {
-                if let Some(d) = q.closing
-                    && (q.items.is_empty() || Instant::now() >= d)
-                {
-                    let left = q.items.len() as u64;
-                    q.items.clear();
-                    shared.count(|c| &c.dropped_shutdown, left);
-                    drop(q);
-                    // Neither wait for nor drop-block on the transport's leftovers
-                    // (a DNS lookup on a blocking thread, a half-open connection).
-                    rt.shutdown_background();
-                    return;
-                }
-                if let Some(p) = q.items.pop_front() {
-                    q.in_flight = InFlight::Sending;
-                    break p;
-                }
-                q = shared.cv.wait(q).unwrap_or_else(|e| e.into_inner());
-            }
-        };
+        if let Some(d) = q.closing
+            && (q.items.is_empty() || Instant::now() >= d)
+        {
+            let left = q.items.len() as u64;
+            q.items.clear();
+            shared.count(|c| &c.dropped_shutdown, left);
+            return None;
+        }
+        if let Some(p) = q.items.pop_front() {
+            q.in_flight = InFlight::Sending;
+            return Some(p);
+        }
+        q = shared.cv.wait(q).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+/// The sender thread's state across payloads.
+struct Sender<'a, T> {
+    rt: &'a tokio::runtime::Runtime,
+    shared: &'a Shared,
+    transport: &'a T,
+    backoff: Backoff,
+    /// Refusal statuses already logged (each is logged once).
+    logged_status: HashSet<RejectStatus>,
+}
+
+impl<T: Transport> Sender<'_, T> {
+    /// Sends one payload, retrying with backoff while that can help; every way it
+    /// can end is counted.
+    fn deliver(&mut self, payload: &[u8]) {
+        let shared = self.shared;
         let mut attempts = 0u32;
         loop {
             attempts += 1;
-            match attempt(&rt, &shared, &transport, &payload) {
+            match attempt(self.rt, shared, self.transport, payload) {
                 Attempt::Done(Ok(())) => {
                     shared.count(|c| &c.sent, 1);
-                    backoff.reset();
-                    break;
+                    self.backoff.reset();
+                    return;
                 }
                 Attempt::Done(Err(SendError::Rejected { status, message })) => {
                     shared.count(|c| &c.dropped_rejected, 1);
-                    backoff.reset();
-                    if logged_status.insert(status) {
+                    self.backoff.reset();
+                    if self.logged_status.insert(status) {
                         tracing::warn!(
                             sink = shared.name,
                             status = %status,
@@ -603,51 +631,59 @@ fn run(shared: Arc<Shared>, transport: impl Transport, clock: Clock) {
                             "spanprof: the server rejected a profile; not retrying (logged once per status)"
                         );
                     }
-                    break;
+                    return;
                 }
                 Attempt::Cut => {
                     shared.count(|c| &c.dropped_shutdown, 1);
-                    break;
+                    return;
                 }
                 Attempt::Panicked(panic) => {
                     shared.lost_to_panic("a send", &*panic);
-                    break;
+                    return;
                 }
                 Attempt::Done(Err(SendError::Retryable(why))) => {
-                    if cfg.max_attempts.is_some_and(|max| attempts >= max) {
+                    if shared.cfg.max_attempts.is_some_and(|max| attempts >= max) {
                         shared.count(|c| &c.dropped_retries_exhausted, 1);
                         tracing::warn!(sink = shared.name, error = %why, attempts, "spanprof: dropping a profile after retries");
-                        break;
+                        return;
                     }
-                    let wait = backoff.next_wait();
-                    {
-                        let mut q = shared.lock();
-                        if q.closing.is_some_and(|d| Instant::now() + wait >= d) {
-                            // The retry would come after shutdown's deadline.
-                            shared.count(|c| &c.dropped_shutdown, 1);
-                            break;
-                        }
-                        q.in_flight = InFlight::Waiting;
+                    if !self.wait_to_retry(&why, attempts) {
+                        return;
                     }
-                    tracing::debug!(sink = shared.name, error = %why, attempt = attempts, ?wait, "spanprof: send failed; retrying");
-                    let again = backoff_wait(&rt, &shared, wait);
-                    let mut q = shared.lock();
-                    if q.abandon_in_flight {
-                        // Dropped to make room (counted then).
-                        break;
-                    }
-                    if !again {
-                        shared.count(|c| &c.dropped_shutdown, 1);
-                        break;
-                    }
-                    q.in_flight = InFlight::Sending;
-                    shared.count(|c| &c.retried, 1);
                 }
             }
         }
+    }
+
+    /// Waits out the backoff before another attempt. False (the payload counted as
+    /// dropped, or already counted when it was dropped to make room) when the retry
+    /// would come after shutdown's deadline or the payload was abandoned meanwhile.
+    fn wait_to_retry(&mut self, why: &str, attempts: u32) -> bool {
+        let shared = self.shared;
+        let wait = self.backoff.next_wait();
+        {
+            let mut q = shared.lock();
+            if q.closing.is_some_and(|d| Instant::now() + wait >= d) {
+                // The retry would come after shutdown's deadline.
+                shared.count(|c| &c.dropped_shutdown, 1);
+                return false;
+            }
+            q.in_flight = InFlight::Waiting;
+        }
+        tracing::debug!(sink = shared.name, error = %why, attempt = attempts, ?wait, "spanprof: send failed; retrying");
+        let again = backoff_wait(self.rt, shared, wait);
         let mut q = shared.lock();
-        q.in_flight = InFlight::None;
-        q.abandon_in_flight = false;
+        if q.abandon_in_flight {
+            // Dropped to make room (counted then).
+            return false;
+        }
+        if !again {
+            shared.count(|c| &c.dropped_shutdown, 1);
+            return false;
+        }
+        q.in_flight = InFlight::Sending;
+        shared.count(|c| &c.retried, 1);
+        true
     }
 }
 

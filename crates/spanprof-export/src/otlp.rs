@@ -14,7 +14,7 @@ use opentelemetry_proto::tonic::common::v1::{AnyValue, InstrumentationScope, Key
 use opentelemetry_proto::tonic::profiles::v1development as pb;
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use prost::Message;
-use spanprof_core::{Frame, Profile};
+use spanprof_core::{Frame, Profile, ProfileSample, SampleLabels, physical_frames};
 
 use crate::delivery::{
     Delivery, DeliveryConfig, DeliveryStats, RejectStatus, SendError, SendFuture, Transport,
@@ -326,89 +326,10 @@ impl<K: std::hash::Hash + Eq, V: Default> Table<K, V> {
 /// Builds the export request for one profile (one resource, one scope, one profile,
 /// one shared dictionary).
 pub fn export_request(profile: &Profile, service_name: &str) -> ExportProfilesServiceRequest {
-    let mut strings: Table<String, String> = Table::new();
-    let mut functions: Table<(i32, i32), pb::Function> = Table::new();
-    let mut locations: Table<Vec<(u64, i32, i64)>, pb::Location> = Table::new();
-    let mut stacks: Table<Vec<i32>, pb::Stack> = Table::new();
-    let mut links: Table<(u128, u64), pb::Link> = Table::new();
-    let mut attrs: Table<(i32, String), pb::KeyValueAndUnit> = Table::new();
-    let mut s = |v: &str| strings.get(v.to_owned(), || v.to_owned());
-
-    let cpu = s("cpu");
-    let nanoseconds = s("nanoseconds");
-    let mut samples = Vec::with_capacity(profile.samples.len());
-    for sample in &profile.samples {
-        let mut location_indices = Vec::new();
-        let frames: &[Frame] = &sample.stack;
-        let mut i = 0;
-        while i < frames.len() {
-            // One location per physical frame: inlined frames at one address share it.
-            let mut end = i;
-            while frames[end].inlined
-                && end + 1 < frames.len()
-                && frames[end + 1].address == frames[i].address
-            {
-                end += 1;
-            }
-            let mut key = Vec::new();
-            let mut lines = Vec::new();
-            for f in &frames[i..=end] {
-                let name = s(&f.function);
-                let file = f.file.as_deref().map_or(0, &mut s);
-                let fi = functions.get((name, file), || pb::Function {
-                    name_strindex: name,
-                    system_name_strindex: name,
-                    filename_strindex: file,
-                    start_line: 0,
-                });
-                key.push((frames[i].address, fi, i64::from(f.line)));
-                lines.push(pb::Line {
-                    function_index: fi,
-                    line: i64::from(f.line),
-                    column: 0,
-                });
-            }
-            let address = frames[i].address;
-            location_indices.push(locations.get(key, || pb::Location {
-                mapping_index: 0,
-                address,
-                lines,
-                attribute_indices: vec![],
-            }));
-            i = end + 1;
-        }
-        let stack_index = stacks.get(location_indices.clone(), || pb::Stack { location_indices });
-        let (link_index, attribute_indices) = match &sample.labels {
-            Some(l) if l.span_id != 0 => {
-                let link = links.get((l.trace_id, l.span_id), || pb::Link {
-                    trace_id: l.trace_id.to_be_bytes().to_vec(),
-                    span_id: l.span_id.to_be_bytes().to_vec(),
-                });
-                let mut a = Vec::new();
-                for (k, v) in [("span_name", &*l.span_name), ("route", &*l.route)] {
-                    if !v.is_empty() {
-                        let key = s(k);
-                        a.push(attrs.get((key, v.to_owned()), || pb::KeyValueAndUnit {
-                            key_strindex: key,
-                            value: Some(AnyValue {
-                                value: Some(any_value::Value::StringValue(v.to_owned())),
-                            }),
-                            unit_strindex: 0,
-                        }));
-                    }
-                }
-                (link, a)
-            }
-            _ => (0, vec![]),
-        };
-        samples.push(pb::Sample {
-            stack_index,
-            attribute_indices,
-            link_index,
-            values: vec![i64::try_from(sample.cpu_ns).unwrap_or(i64::MAX)],
-            timestamps_unix_nano: vec![],
-        });
-    }
+    let mut dict = Dictionary::new();
+    let cpu = dict.string("cpu");
+    let nanoseconds = dict.string("nanoseconds");
+    let samples = profile.samples.iter().map(|s| dict.sample(s)).collect();
     let time_unix_nano = profile
         .start
         .duration_since(UNIX_EPOCH)
@@ -458,15 +379,127 @@ pub fn export_request(profile: &Profile, service_name: &str) -> ExportProfilesSe
             }],
             schema_url: String::new(),
         }],
-        dictionary: Some(pb::ProfilesDictionary {
+        dictionary: Some(dict.finish()),
+    }
+}
+
+/// The profile's shared dictionary as it is built: each table interns its entries
+/// (index 0 is the zero value, as OTLP requires).
+struct Dictionary {
+    strings: Table<String, String>,
+    functions: Table<(i32, i32), pb::Function>,
+    locations: Table<Vec<(u64, i32, i64)>, pb::Location>,
+    stacks: Table<Vec<i32>, pb::Stack>,
+    links: Table<(u128, u64), pb::Link>,
+    attributes: Table<(i32, String), pb::KeyValueAndUnit>,
+}
+
+impl Dictionary {
+    fn new() -> Self {
+        Dictionary {
+            strings: Table::new(),
+            functions: Table::new(),
+            locations: Table::new(),
+            stacks: Table::new(),
+            links: Table::new(),
+            attributes: Table::new(),
+        }
+    }
+
+    fn string(&mut self, v: &str) -> i32 {
+        self.strings.get(v.to_owned(), || v.to_owned())
+    }
+
+    /// One sample: its stack of locations, its link to the span, its attributes.
+    fn sample(&mut self, sample: &ProfileSample) -> pb::Sample {
+        let location_indices: Vec<i32> = physical_frames(&sample.stack)
+            .map(|frames| self.location(frames))
+            .collect();
+        let stack_index = self
+            .stacks
+            .get(location_indices.clone(), || pb::Stack { location_indices });
+        let (link_index, attribute_indices) = match &sample.labels {
+            Some(l) if l.span_id != 0 => (self.link(l), self.span_attributes(l)),
+            _ => (0, vec![]),
+        };
+        pb::Sample {
+            stack_index,
+            attribute_indices,
+            link_index,
+            values: vec![i64::try_from(sample.cpu_ns).unwrap_or(i64::MAX)],
+            timestamps_unix_nano: vec![],
+        }
+    }
+
+    /// One location per physical frame: the frames inlined at one address share it.
+    fn location(&mut self, frames: &[Frame]) -> i32 {
+        let address = frames[0].address;
+        let mut key = Vec::with_capacity(frames.len());
+        let mut lines = Vec::with_capacity(frames.len());
+        for f in frames {
+            let name = self.string(&f.function);
+            let file = f.file.as_deref().map_or(0, |file| self.string(file));
+            let function_index = self.functions.get((name, file), || pb::Function {
+                name_strindex: name,
+                system_name_strindex: name,
+                filename_strindex: file,
+                start_line: 0,
+            });
+            key.push((address, function_index, i64::from(f.line)));
+            lines.push(pb::Line {
+                function_index,
+                line: i64::from(f.line),
+                column: 0,
+            });
+        }
+        self.locations.get(key, || pb::Location {
+            mapping_index: 0,
+            address,
+            lines,
+            attribute_indices: vec![],
+        })
+    }
+
+    /// The link from a sample to its span.
+    fn link(&mut self, l: &SampleLabels) -> i32 {
+        self.links.get((l.trace_id, l.span_id), || pb::Link {
+            trace_id: l.trace_id.to_be_bytes().to_vec(),
+            span_id: l.span_id.to_be_bytes().to_vec(),
+        })
+    }
+
+    /// The span name and route as sample attributes (when not empty).
+    fn span_attributes(&mut self, l: &SampleLabels) -> Vec<i32> {
+        let mut out = Vec::with_capacity(2);
+        for (k, v) in [("span_name", &*l.span_name), ("route", &*l.route)] {
+            if v.is_empty() {
+                continue;
+            }
+            let key = self.string(k);
+            out.push(
+                self.attributes
+                    .get((key, v.to_owned()), || pb::KeyValueAndUnit {
+                        key_strindex: key,
+                        value: Some(AnyValue {
+                            value: Some(any_value::Value::StringValue(v.to_owned())),
+                        }),
+                        unit_strindex: 0,
+                    }),
+            );
+        }
+        out
+    }
+
+    fn finish(self) -> pb::ProfilesDictionary {
+        pb::ProfilesDictionary {
             mapping_table: vec![pb::Mapping::default()],
-            location_table: locations.values,
-            function_table: functions.values,
-            link_table: links.values,
-            string_table: strings.values,
-            attribute_table: attrs.values,
-            stack_table: stacks.values,
-        }),
+            location_table: self.locations.values,
+            function_table: self.functions.values,
+            link_table: self.links.values,
+            string_table: self.strings.values,
+            attribute_table: self.attributes.values,
+            stack_table: self.stacks.values,
+        }
     }
 }
 
