@@ -147,52 +147,66 @@ impl AddressSymbolizer {
             if found.contains_key(&addr) {
                 continue;
             }
-            if let Some(frames) = self.cache.get(&addr) {
-                found.insert(addr, frames.clone());
-            } else if addr == TRUNCATED_ADDR || addr == OVERFLOW_ADDR {
-                let name = if addr == TRUNCATED_ADDR {
-                    "[truncated: stack deeper than the unwind limit]"
-                } else {
-                    "[dropped: stack table full]"
-                };
-                let f = synthetic(&mut self.names, name, addr);
-                self.keep(addr, f.clone());
-                found.insert(addr, f);
-            } else {
-                missing.push(addr);
+            match self.known(addr) {
+                Some(frames) => {
+                    found.insert(addr, frames);
+                }
+                None => missing.push(addr),
             }
         }
         missing.sort_unstable();
         missing.dedup();
-        if missing.is_empty() {
-            return found;
+        if !missing.is_empty() {
+            self.symbolize_into(&missing, &mut found);
         }
+        found
+    }
+
+    /// The frames of `addr` if they need no symbolizing: cached, or one of the
+    /// sentinel addresses (kept in the cache from then on).
+    fn known(&mut self, addr: u64) -> Option<Arc<[Frame]>> {
+        if let Some(frames) = self.cache.get(&addr) {
+            return Some(frames.clone());
+        }
+        let name = match addr {
+            TRUNCATED_ADDR => "[truncated: stack deeper than the unwind limit]",
+            OVERFLOW_ADDR => "[dropped: stack table full]",
+            _ => return None,
+        };
+        let f = synthetic(&mut self.names, name, addr);
+        self.keep(addr, f.clone());
+        Some(f)
+    }
+
+    /// Symbolizes `missing` (sorted, distinct) with blazesym, caching each result;
+    /// addresses it cannot name get their module's name.
+    fn symbolize_into(&mut self, missing: &[u64], found: &mut FastMap<u64, Arc<[Frame]>>) {
         let src = Source::Process(Process::new(Pid::Slf));
-        match self.symbolizer.symbolize(&src, Input::AbsAddr(&missing)) {
+        match self.symbolizer.symbolize(&src, Input::AbsAddr(missing)) {
             Ok(results) => {
-                for (addr, sym) in missing.iter().zip(results) {
+                for (&addr, sym) in missing.iter().zip(results) {
                     let frames = match sym {
-                        Symbolized::Sym(sym) => sym_frames(&mut self.names, &sym, *addr),
+                        Symbolized::Sym(sym) => sym_frames(&mut self.names, &sym, addr),
                         Symbolized::Unknown(_) => {
-                            let n = unknown_name(&mut self.modules, *addr);
-                            synthetic(&mut self.names, &n, *addr)
+                            let n = unknown_name(&mut self.modules, addr);
+                            synthetic(&mut self.names, &n, addr)
                         }
                     };
                     let bytes = frames_bytes(&frames);
-                    self.cache.insert(*addr, frames.clone(), bytes);
-                    found.insert(*addr, frames);
+                    self.cache.insert(addr, frames.clone(), bytes);
+                    found.insert(addr, frames);
                 }
             }
             Err(e) if missing.len() > 1 => {
                 // One bad address fails the whole batch: retry them one by one.
                 tracing::debug!(error = %e, "spanprof: batch symbolization failed; retrying singly");
-                for addr in missing {
-                    found.extend(self.resolve_missing(&[addr]));
+                for &addr in missing {
+                    self.symbolize_into(&[addr], found);
                 }
             }
             Err(e) => {
                 tracing::debug!(error = %e, "spanprof: symbolization failed");
-                for addr in missing {
+                for &addr in missing {
                     let n = unknown_name(&mut self.modules, addr);
                     let f = synthetic(&mut self.names, &n, addr);
                     self.keep(addr, f.clone());
@@ -200,7 +214,6 @@ impl AddressSymbolizer {
                 }
             }
         }
-        found
     }
 
     fn keep(&mut self, addr: u64, frames: Arc<[Frame]>) {

@@ -16,7 +16,7 @@ use super::ring::{FLAG_LABELLED, FLAG_PERF, FLAG_TRUNCATED};
 use super::thread::ThreadSampler;
 use super::timer::CpuTimer;
 use super::{perf, slot, unwind};
-use crate::record::{ENDED, LabelIds};
+use crate::record::{ENDED, LabelIds, LabelRecord};
 
 /// The signal both the CPU timers and the perf events deliver.
 pub(crate) const SIGNAL: i32 = libc::SIGPROF;
@@ -340,65 +340,33 @@ unsafe fn handle(info: *const SigInfoTimer, uctx: *mut libc::c_void) {
     // SAFETY: see `on_hot_push`: THREAD is non-null only while the registry keeps the
     // sampler alive, and only this thread reads it.
     let ts = unsafe { &*ts };
-    // SAFETY: `info` is the kernel's siginfo (caller's guarantee); the fields read
-    // are in the common prefix (`si_code`) or in the timer union member, which we only
-    // read for SI_TIMER.
-    let code = unsafe { (*info).code };
-    let from_perf = if code == libc::SI_TIMER {
-        false
-    } else if code > 0 {
-        true
-    } else {
+    // SAFETY: `info` is the kernel's siginfo (caller's guarantee).
+    let Some(from_perf) = (unsafe { from_perf(info) }) else {
         return; // kill(), sigqueue(): not ours.
     };
-
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime is async-signal-safe; `now` is a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    let time_ns = (now.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(now.tv_nsec as u64);
-
+    // clock_gettime is async-signal-safe.
+    let time_ns = super::monotonic_now_ns();
     let rec = slot::current_ptr();
     // SAFETY: a non-null slot pointer is a live `LabelRecord`: its pusher holds a
     // strong reference until it restores the slot, which cannot happen while we
     // interrupt it (the hooks defer a release at terminate to after the poll).
     let rec = unsafe { rec.as_ref() };
-    let state = rec.map_or(0, |r| r.state.load(Ordering::Relaxed));
-    // Work that outlived its span: sampled as detached, at the baseline rate.
-    let ended = state & ENDED != 0;
-    let mut hot = if ended { 0 } else { state };
-    if let Some(r) = rec
-        && hot == 0
-        && !ended
-        && r.slow_deadline_ns != 0
-        && time_ns >= r.slow_deadline_ns
-    {
-        // Slow promotion from inside a long poll: from this sample on, high rate.
-        r.state
-            .fetch_max(crate::profile::Hotness::Slow as u8, Ordering::Relaxed);
-        hot = crate::profile::Hotness::Slow as u8;
-    }
+    let (ended, hot) = rec.map_or((false, 0), |r| hotness_at(r, time_ns));
+
+    // Rate control: whether this signal makes a sample, and its weight.
     let label_high_ns = rec.map_or(0, |r| r.high_ns);
     let mut flags = 0;
     let weight_ns = if from_perf {
         flags |= FLAG_PERF;
-        match perf_sample(ts, hot != 0, label_high_ns) {
-            Some(w) => w,
-            None => return,
-        }
+        perf_sample(ts, hot != 0, label_high_ns)
     } else {
         // SAFETY: SI_TIMER: the timer member of the union is the live one.
         let overrun = unsafe { (*info).overrun }.max(0) as u64;
-        match timer_sample(ts, hot != 0, label_high_ns, 1 + overrun) {
-            Some(w) => w,
-            None => return,
-        }
+        timer_sample(ts, hot != 0, label_high_ns, 1 + overrun)
     };
+    let Some(weight_ns) = weight_ns else { return };
 
+    // Recording: the stack and the labels into the ring, the counts onto the labels.
     // SAFETY: `uctx` is the kernel's ucontext for this signal.
     let regs = unsafe { unwind::regs(uctx) };
     let written = ts.ring.write(|s| {
@@ -425,16 +393,60 @@ unsafe fn handle(info: *const SigInfoTimer, uctx: *mut libc::c_void) {
         s.flags = flags;
     });
     if written {
-        ts.samples.fetch_add(1, Ordering::Relaxed);
-        if ended {
-            ts.detached.fetch_add(1, Ordering::Relaxed);
-        } else if let Some(r) = rec {
-            r.cpu_samples.fetch_add(1, Ordering::Relaxed);
-            r.cpu_ns.fetch_add(weight_ns, Ordering::Relaxed);
-            if let Some(root) = r.root.as_deref() {
-                root.cpu_samples.fetch_add(1, Ordering::Relaxed);
-                root.cpu_ns.fetch_add(weight_ns, Ordering::Relaxed);
-            }
+        count_sample(ts, rec, ended, weight_ns);
+    }
+}
+
+/// Which timer sent the signal: `Some(true)` for a perf_event overflow, `Some(false)`
+/// for the POSIX CPU-time timer, `None` for a signal sent by a process.
+///
+/// # Safety
+///
+/// `info` is the kernel's siginfo for this signal.
+#[inline(always)]
+unsafe fn from_perf(info: *const SigInfoTimer) -> Option<bool> {
+    // SAFETY: `si_code` is in the common prefix of every siginfo (caller's guarantee).
+    let code = unsafe { (*info).code };
+    if code == libc::SI_TIMER {
+        Some(false)
+    } else if code > 0 {
+        Some(true)
+    } else {
+        None
+    }
+}
+
+/// Whether the record's span has ended, and its hotness byte at `time_ns` (0 when
+/// ended: work that outlived its span is sampled as detached, at the baseline rate).
+/// A cold record past its slow deadline is promoted here, from inside a long poll:
+/// from this sample on, high rate.
+#[inline(always)]
+fn hotness_at(r: &LabelRecord, time_ns: u64) -> (bool, u8) {
+    let state = r.state.load(Ordering::Relaxed);
+    if state & ENDED != 0 {
+        return (true, 0);
+    }
+    if state == 0 && r.slow_deadline_ns != 0 && time_ns >= r.slow_deadline_ns {
+        r.state
+            .fetch_max(crate::profile::Hotness::Slow as u8, Ordering::Relaxed);
+        return (false, crate::profile::Hotness::Slow as u8);
+    }
+    (false, state)
+}
+
+/// Counts a written sample: on the thread, and on its live labels (and their local
+/// root), or as detached.
+#[inline(always)]
+fn count_sample(ts: &ThreadSampler, rec: Option<&LabelRecord>, ended: bool, weight_ns: u64) {
+    ts.samples.fetch_add(1, Ordering::Relaxed);
+    if ended {
+        ts.detached.fetch_add(1, Ordering::Relaxed);
+    } else if let Some(r) = rec {
+        r.cpu_samples.fetch_add(1, Ordering::Relaxed);
+        r.cpu_ns.fetch_add(weight_ns, Ordering::Relaxed);
+        if let Some(root) = r.root.as_deref() {
+            root.cpu_samples.fetch_add(1, Ordering::Relaxed);
+            root.cpu_ns.fetch_add(weight_ns, Ordering::Relaxed);
         }
     }
 }
