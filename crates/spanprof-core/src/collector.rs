@@ -361,6 +361,111 @@ fn feed_windows(
 mod tests {
     use super::*;
 
+    fn raw(ids: LabelIds, hot: u8, flags: u32, frames: &[u64]) -> RawSample {
+        let mut s = RawSample {
+            ids,
+            weight_ns: 0,
+            time_ns: 0,
+            hot,
+            flags,
+            depth: frames.len() as u32,
+            frames: [0; crate::sys::MAX_FRAMES],
+        };
+        s.frames[..frames.len()].copy_from_slice(frames);
+        s
+    }
+
+    fn ids(span_id: u64, route: &str) -> LabelIds {
+        LabelIds {
+            trace_id: 0xabc,
+            span_id,
+            parent_span_id: 0,
+            root_span_id: span_id,
+            span_name: crate::intern::intern("collector test"),
+            route: crate::intern::intern(route),
+        }
+    }
+
+    #[test]
+    fn compacting_keeps_the_ids_and_marks_a_truncated_stack() {
+        let labelled = raw(ids(7, "/a"), 1, FLAG_LABELLED | FLAG_TRUNCATED, &[1, 2]);
+        let d = compact(&labelled);
+        assert_eq!(d.labels, Some((ids(7, "/a"), Hotness::Sampled)));
+        assert_eq!(&*d.addrs, &[1, 2, TRUNCATED_ADDR]);
+        let unlabelled = raw(ids(7, "/a"), 0, 0, &[3]);
+        let d = compact(&unlabelled);
+        assert_eq!(d.labels, None, "no FLAG_LABELLED, no labels");
+        assert_eq!(&*d.addrs, &[3]);
+    }
+
+    #[test]
+    fn labels_are_resolved_once_per_ids_and_hotness_and_shared() {
+        let mut cache = LabelsCache::new(1 << 20);
+        let a = resolve_labels(&mut cache, ids(1, "/r"), Hotness::Cold);
+        let again = resolve_labels(&mut cache, ids(1, "/r"), Hotness::Cold);
+        assert!(Arc::ptr_eq(&a, &again), "one resolution, shared");
+        assert_eq!(
+            (&*a.span_name, &*a.route, a.span_id),
+            ("collector test", "/r", 1)
+        );
+        let hot = resolve_labels(&mut cache, ids(1, "/r"), Hotness::Slow);
+        assert!(!Arc::ptr_eq(&a, &hot));
+        assert_eq!(hot.hot, Hotness::Slow);
+        assert_eq!(cache.stats().entries, 2);
+    }
+
+    #[test]
+    fn windows_get_the_resolved_labels_of_named_samples_only() {
+        let (window, weak) = crate::window::ProfileWindow::new(100, 1_000_000);
+        let windows = Mutex::new(vec![weak]);
+        let mut cache = LabelsCache::new(1 << 20);
+        let named = ids(5, "/w");
+        let resolved = resolve_labels(&mut cache, named, Hotness::Cold);
+        let nameless = LabelIds::NONE;
+        let samples = [
+            IncomingSample {
+                labels: Some(IncomingLabels {
+                    ids: named,
+                    hot: Hotness::Cold,
+                    resolved: resolved.clone(),
+                }),
+                addrs: &[1],
+                time_ns: 0,
+                weight_ns: 10,
+            },
+            IncomingSample {
+                labels: Some(IncomingLabels {
+                    ids: nameless,
+                    hot: Hotness::Cold,
+                    resolved: resolve_labels(&mut cache, nameless, Hotness::Cold),
+                }),
+                addrs: &[1],
+                time_ns: 0,
+                weight_ns: 20,
+            },
+        ];
+        let stack: Stack = Arc::from(Vec::new());
+        let open = feed_windows(&windows, &samples, &[stack.clone(), stack]);
+        assert_eq!(open.len(), 1);
+        let profile = window.take();
+        let mut by_labels: Vec<(Option<u64>, u64)> = profile
+            .samples
+            .iter()
+            .map(|s| (s.labels.as_ref().map(|l| l.span_id), s.cpu_ns))
+            .collect();
+        by_labels.sort();
+        assert_eq!(by_labels, [(None, 20), (Some(5), 10)]);
+        let shared = profile
+            .samples
+            .iter()
+            .find_map(|s| s.labels.clone())
+            .unwrap();
+        assert!(
+            Arc::ptr_eq(&shared, &resolved),
+            "the collector's Arc, not a copy"
+        );
+    }
+
     #[test]
     fn the_stack_cache_stays_within_its_bound_and_counts_evictions() {
         const MAX: usize = 1 << 20;

@@ -793,6 +793,73 @@ mod tests {
         );
     }
 
+    /// A refusal is final: counted once per payload, never retried, and the next
+    /// payload is sent at once (the backoff is reset).
+    #[test]
+    fn a_refused_payload_is_counted_not_retried_and_the_next_one_goes() {
+        #[derive(Clone, Default)]
+        struct Refuses {
+            tries: Arc<Mutex<Vec<u8>>>,
+        }
+        impl Transport for Refuses {
+            fn send<'a>(&'a self, payload: &'a [u8]) -> SendFuture<'a> {
+                Box::pin(async move {
+                    self.tries.lock().unwrap().push(payload[0]);
+                    match payload[0] {
+                        0 | 1 => Err(SendError::Rejected {
+                            status: RejectStatus::Http(400),
+                            message: "bad profile".into(),
+                        }),
+                        _ => Ok(()),
+                    }
+                })
+            }
+        }
+        let server = Refuses::default();
+        let d = Delivery::start_on(
+            "virtual",
+            DeliveryConfig::default(),
+            server.clone(),
+            Clock::Paused,
+        );
+        for n in 0..3u8 {
+            assert!(d.enqueue(vec![n]));
+        }
+        wait_until("every payload to be settled", || {
+            let s = d.stats();
+            s.sent + s.dropped_rejected == 3
+        });
+        let stats = d.shutdown(Duration::from_secs(1));
+        assert_eq!(
+            (stats.sent, stats.dropped_rejected, stats.retried),
+            (1, 2, 0),
+            "{stats:?}"
+        );
+        assert_eq!(*server.tries.lock().unwrap(), [0, 1, 2], "one try each");
+    }
+
+    /// At shutdown, what is still queued when the deadline passes is counted as
+    /// dropped at shutdown, and the sender thread ends.
+    #[test]
+    fn shutdown_counts_what_the_deadline_leaves_queued() {
+        let server = Server::default();
+        server.down.store(true, Ordering::Relaxed);
+        let d = Delivery::start_on(
+            "virtual",
+            DeliveryConfig::default(),
+            server.clone(),
+            Clock::Paused,
+        );
+        for n in 0..5u8 {
+            assert!(d.enqueue(vec![n]));
+        }
+        let stats = d.shutdown(Duration::from_millis(200));
+        assert_eq!(stats.sent, 0, "{stats:?}");
+        assert_eq!(stats.dropped_shutdown, 5, "{stats:?}");
+        assert_eq!(stats.queued, stats.dropped(), "{stats:?}");
+        assert_eq!(stats.pending, 0, "{stats:?}");
+    }
+
     #[test]
     fn bad_delivery_settings_name_their_field() {
         for (cfg, field) in [

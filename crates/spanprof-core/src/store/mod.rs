@@ -407,4 +407,41 @@ mod tests {
         assert!(store.span(100).is_none(), "oldest evicted");
         assert!(store.span(199).is_some(), "newest kept");
     }
+
+    /// A span's summary reports the hottest of its samples, and names it from the
+    /// labels the collector resolved (kept, not resolved again); per-sample hotness
+    /// stays in the span's profile.
+    #[test]
+    fn a_span_keeps_the_resolved_labels_and_reports_its_hottest_sample() {
+        let store = SpanProfileStore::new(StoreConfig::default(), 10);
+        let cold = labels(42, 0, 42);
+        let resolved = cold.resolved.clone();
+        let slow = IncomingLabels {
+            hot: Hotness::Slow,
+            resolved: Arc::new(cold.ids.resolve(Hotness::Slow)),
+            ..labels(42, 0, 42)
+        };
+        store.insert(
+            &[sample(Some(cold), &[1]), sample(Some(slow), &[2])],
+            frames,
+        );
+        let summary = store.span_summary(42).expect("kept");
+        assert_eq!(summary.samples, 2);
+        assert_eq!(summary.labels.hot, Hotness::Slow, "the hottest sample's");
+        assert_eq!(&*summary.labels.span_name, "test span");
+        assert_eq!(&*summary.labels.route, "GET /store-test");
+        assert_eq!(
+            Arc::strong_count(&resolved),
+            2,
+            "the store holds the first sample's labels"
+        );
+        let profile = store.span(42).expect("kept");
+        let mut hot: Vec<Hotness> = profile
+            .samples
+            .iter()
+            .map(|s| s.labels.as_ref().unwrap().hot)
+            .collect();
+        hot.sort_by_key(|h| *h as u8);
+        assert_eq!(hot, [Hotness::Cold, Hotness::Slow]);
+    }
 }
