@@ -175,11 +175,9 @@ mod task_table {
                 e.record.load(Ordering::Acquire).cast_const()
             })
         };
-        if let Some(high_ns) = slot::hook_push(record, k) {
-            crate::threads::on_hot_push(high_ns);
-        }
+        let hot_high_ns = slot::hook_push(record, k);
         if !record.is_null() {
-            crate::threads::ensure_thread_registered();
+            crate::poll::entered(hot_high_ns);
         }
     }
 

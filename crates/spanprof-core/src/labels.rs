@@ -1,36 +1,15 @@
 //! Span labels: the identity of the work being polled, as written into every sample.
 
 use std::fmt;
-use std::marker::PhantomData;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 use crate::intern::{self, NameId};
+use crate::poll::PollStats;
 use crate::profile::Hotness;
 use crate::record::{ENDED, HOT_BITS, LabelIds, LabelRecord};
 use crate::sys;
-
-/// Exact poll accounting of one span: time inside polls, number of polls, longest
-/// poll. Kept by the poller (no sampling involved) and published on the labels.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PollStats {
-    /// Wall time spent inside polls of the span's work, in nanoseconds.
-    pub busy_ns: u64,
-    /// Number of polls.
-    pub polls: u64,
-    /// Longest single poll, in nanoseconds.
-    pub max_poll_ns: u64,
-}
-
-impl PollStats {
-    /// Accounts one poll of `ns` nanoseconds.
-    #[inline]
-    pub fn record(&mut self, ns: u64) {
-        self.busy_ns += ns;
-        self.polls += 1;
-        self.max_poll_ns = self.max_poll_ns.max(ns);
-    }
-}
 
 /// The labels of one span: trace id, span id, local-root span id, span name, route
 /// and whether the work is *hot* (profiled at the high rate).
@@ -168,8 +147,7 @@ impl SpanLabels {
     /// one long poll, at the next baseline sample of the thread running it. Never lowers,
     /// and does nothing once the span has ended.
     pub fn promote(&self, why: Hotness) {
-        // An ended record's byte has the top bit set, above every hotness.
-        self.record.state.fetch_max(why as u8, Ordering::Relaxed);
+        self.record.promote(why);
     }
 
     /// Samples taken so far while these labels were active (exact count); for a local
@@ -231,11 +209,9 @@ impl SpanLabels {
     /// a reference to the labels, so they outlive the push) until the matching
     /// [`SpanLabels::exit_detached`] on the same thread.
     pub fn enter_detached(&self) {
-        let hot = crate::sys::slot::push_detached(&self.record);
-        if hot {
-            crate::threads::on_hot_push(self.record.high_ns);
+        if crate::sys::slot::push_detached(&self.record) {
+            crate::poll::entered(self.record.hot_high_ns());
         }
-        crate::threads::ensure_thread_registered();
     }
 
     /// Pops labels pushed by [`SpanLabels::enter_detached`]. Returns false (and leaves
@@ -252,7 +228,7 @@ impl SpanLabels {
     /// on the thread that made it (it is `!Send`).
     #[inline]
     pub fn enter(&self) -> crate::LabelGuard<'_> {
-        push(&self.record)
+        crate::poll::push(&self.record)
     }
 
     /// Whether two handles point at the same label record.
@@ -397,47 +373,6 @@ impl SpanLabelsBuilder {
             polls: AtomicU64::new(0),
             max_poll_ns: AtomicU64::new(0),
         }))
-    }
-}
-
-// ---- the per-thread label slot, as the rest of the crate sees it ----
-
-/// Restores the previous labels of this thread's slot when dropped.
-///
-/// Returned by [`SpanLabels::enter`]. Not `Send`: it must drop on the thread that
-/// pushed, and guards must drop in reverse order of creation (as scopes do).
-#[must_use = "the labels are popped as soon as the guard drops"]
-pub struct LabelGuard<'a> {
-    prev: *const LabelRecord,
-    _labels: PhantomData<&'a LabelRecord>,
-}
-
-impl std::fmt::Debug for LabelGuard<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LabelGuard").finish_non_exhaustive()
-    }
-}
-
-/// Pushes `rec` into this thread's slot until the guard drops. The hot path of every
-/// labelled poll: one thread-local load and store, plus one byte read to see if the
-/// work is hot (and its span still live).
-#[inline]
-pub(crate) fn push(rec: &LabelRecord) -> LabelGuard<'_> {
-    let prev = sys::slot::replace(rec);
-    if rec.is_hot() {
-        crate::threads::on_hot_push(rec.high_ns);
-    }
-    crate::threads::ensure_thread_registered();
-    LabelGuard {
-        prev,
-        _labels: PhantomData,
-    }
-}
-
-impl Drop for LabelGuard<'_> {
-    #[inline]
-    fn drop(&mut self) {
-        sys::slot::restore(self.prev);
     }
 }
 

@@ -12,6 +12,7 @@ mod future;
 mod hooks;
 mod intern;
 mod labels;
+mod poll;
 pub mod pprof;
 mod profile;
 mod record;
@@ -34,8 +35,8 @@ pub use intern::{
     DEFAULT_MAX_NAMES, DETACHED_SPAN_NAME, InternStats, MAX_NAME_LEN, OVERFLOW_NAME, intern_stats,
     set_max_names,
 };
-pub use labels::{LabelGuard, current_labels};
-pub use labels::{PollStats, SpanLabels, SpanLabelsBuilder};
+pub use labels::{SpanLabels, SpanLabelsBuilder, current_labels};
+pub use poll::{LabelGuard, PollStats, PollTimer};
 pub use profile::{
     Frame, FunctionCost, Hotness, Profile, ProfileSample, SampleLabels, SpanCost, Stack,
     physical_frames,

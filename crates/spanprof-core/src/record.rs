@@ -117,6 +117,24 @@ impl LabelRecord {
     }
 
     /// Marks the span ended (idempotent).
+    /// The record's own high period (0: the profiler's) when it is hot.
+    #[inline(always)]
+    pub(crate) fn hot_high_ns(&self) -> Option<u64> {
+        self.is_hot().then_some(self.high_ns)
+    }
+
+    /// Raises the hotness to at least `why`; never lowers it, and does nothing once
+    /// the span has ended (an ended record's byte has the top bit set, above every
+    /// hotness). The one place work is promoted: by the poll path
+    /// ([`crate::PollTimer`]), the signal handler (inside a long poll) and
+    /// [`crate::SpanLabels::promote`]. Returns the new state byte.
+    #[inline(always)]
+    pub(crate) fn promote(&self, why: Hotness) -> u8 {
+        self.state
+            .fetch_max(why as u8, Ordering::Relaxed)
+            .max(why as u8)
+    }
+
     pub(crate) fn end(&self) {
         self.state.fetch_or(ENDED, Ordering::Release);
     }

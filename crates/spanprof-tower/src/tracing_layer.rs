@@ -4,14 +4,13 @@
 
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
-use spanprof_core::{PollStats, SpanLabels};
+use spanprof_core::{PollTimer, SpanLabels};
 use tracing::Subscriber;
 use tracing::span::{Attributes, Id};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::layer::CLOCK;
 use crate::registry;
 
 /// Narrows span labels on `tracing` span enter and exit.
@@ -39,7 +38,7 @@ impl SpanProfileLayer {
     /// The layer.
     pub fn new() -> Self {
         // Calibrate the clock now rather than in the first request's span.
-        std::sync::LazyLock::force(&CLOCK);
+        PollTimer::calibrate();
         SpanProfileLayer { _private: () }
     }
 }
@@ -50,9 +49,7 @@ enum Profiled {
     No,
     Yes {
         labels: SpanLabels,
-        stats: PollStats,
-        entered_at: u64,
-        depth: u32,
+        timer: PollTimer,
     },
 }
 
@@ -81,11 +78,11 @@ where
                         if otel && sampled {
                             registry::track(&labels);
                         }
+                        // Inner spans are promoted by the signal handler, from the
+                        // slow deadline they inherit.
                         Profiled::Yes {
                             labels,
-                            stats: PollStats::default(),
-                            entered_at: 0,
-                            depth: 0,
+                            timer: PollTimer::new(None),
                         }
                     }
                 },
@@ -93,39 +90,18 @@ where
             span.extensions_mut().insert(profiled);
         }
         let mut ext = span.extensions_mut();
-        if let Some(Profiled::Yes {
-            labels,
-            entered_at,
-            depth,
-            ..
-        }) = ext.get_mut::<Profiled>()
-        {
-            *depth += 1;
-            if *depth == 1 {
-                *entered_at = CLOCK.raw();
-            }
-            labels.enter_detached();
+        if let Some(Profiled::Yes { labels, timer }) = ext.get_mut::<Profiled>() {
+            timer.enter(labels);
         }
     }
 
     fn on_exit(&self, id: &Id, ctx: Context<'_, S>) {
         let Some(span) = ctx.span(id) else { return };
         let mut ext = span.extensions_mut();
-        if let Some(Profiled::Yes {
-            labels,
-            stats,
-            entered_at,
-            depth,
-        }) = ext.get_mut::<Profiled>()
-        {
-            labels.exit_detached();
-            *depth = depth.saturating_sub(1);
-            if *depth == 0 {
-                stats.record(CLOCK.delta_as_nanos(*entered_at, CLOCK.raw()));
-                // Published at every exit: the span may end (and be exported) before
-                // this layer hears of its close.
-                labels.publish_poll_stats(*stats);
-            }
+        if let Some(Profiled::Yes { labels, timer }) = ext.get_mut::<Profiled>() {
+            // Publishes at every outermost exit: the span may end (and be exported)
+            // before this layer hears of its close.
+            timer.exit(labels);
         }
     }
 }

@@ -16,7 +16,7 @@ use super::ring::{FLAG_LABELLED, FLAG_PERF, FLAG_TRUNCATED};
 use super::thread::ThreadSampler;
 use super::timer::CpuTimer;
 use super::{perf, slot, unwind};
-use crate::record::{ENDED, LabelIds, LabelRecord};
+use crate::record::{ENDED, HOT_BITS, LabelIds, LabelRecord};
 
 /// The signal both the CPU timers and the perf events deliver.
 pub(crate) const SIGNAL: i32 = libc::SIGPROF;
@@ -422,16 +422,15 @@ unsafe fn from_perf(info: *const SigInfoTimer) -> Option<bool> {
 /// from this sample on, high rate.
 #[inline(always)]
 fn hotness_at(r: &LabelRecord, time_ns: u64) -> (bool, u8) {
-    let state = r.state.load(Ordering::Relaxed);
-    if state & ENDED != 0 {
-        return (true, 0);
-    }
+    let mut state = r.state.load(Ordering::Relaxed);
     if state == 0 && r.slow_deadline_ns != 0 && time_ns >= r.slow_deadline_ns {
-        r.state
-            .fetch_max(crate::profile::Hotness::Slow as u8, Ordering::Relaxed);
-        return (false, crate::profile::Hotness::Slow as u8);
+        state = r.promote(crate::profile::Hotness::Slow);
     }
-    (false, state)
+    if state & ENDED != 0 {
+        (true, 0)
+    } else {
+        (false, state & HOT_BITS)
+    }
 }
 
 /// Counts a written sample: on the thread, and on its live labels (and their local

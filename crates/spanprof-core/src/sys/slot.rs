@@ -62,9 +62,9 @@ thread_local! {
 const DETACHED_DEPTH: usize = 64;
 
 /// Pushes `record` and remembers the previous value until [`pop_detached`]. Returns
-/// whether `record` is hot.
+/// whether it was pushed (not past [`DETACHED_DEPTH`]).
 pub(crate) fn push_detached(record: &Arc<LabelRecord>) -> bool {
-    let pushed = DETACHED.with(|d| {
+    DETACHED.with(|d| {
         let d = &mut d.borrow_mut().0;
         if d.len() >= DETACHED_DEPTH {
             return false;
@@ -76,8 +76,7 @@ pub(crate) fn push_detached(record: &Arc<LabelRecord>) -> bool {
             exited: false,
         });
         true
-    });
-    pushed && record.is_hot()
+    })
 }
 
 /// Pops the newest [`push_detached`] of `record` on this thread. An exit out of

@@ -11,9 +11,9 @@ mod service;
 mod trace_context;
 
 use std::borrow::Cow;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
-use spanprof_core::{Hotness, PollStats, Profiler, SpanLabels};
+use spanprof_core::{Hotness, PollTimer, Profiler, SpanLabels};
 
 pub use future::{ProfiledBody, ResponseFuture};
 pub use make_route::{
@@ -24,10 +24,6 @@ pub use trace_context::extract_trace_context;
 
 use crate::policy::{ConfigError, Policies, PolicyConfig, ProfileScope, RoutePolicy};
 use crate::{registry, setup};
-
-/// The clock of the poll accounting: TSC-based where the CPU has an invariant TSC,
-/// so two reads per poll stay cheap.
-pub(crate) static CLOCK: LazyLock<quanta::Clock> = LazyLock::new(quanta::Clock::new);
 
 /// A `tower::Layer` that attaches span-derived labels (trace id, span id, span name,
 /// route) to every poll of each request, so every CPU sample taken while the
@@ -261,7 +257,7 @@ impl ProfileCorrelationLayerBuilder {
         registry::set_scope(scope);
         // quanta calibrates its clock on first use (milliseconds): here, not in the
         // first request.
-        LazyLock::force(&CLOCK);
+        PollTimer::calibrate();
         let keys = policies
             .routes
             .keys()
@@ -291,39 +287,25 @@ pub(crate) struct Correlator {
     _profiler: Option<Profiler>,
 }
 
-/// The state of one profiled request.
+/// The state of one profiled request: its labels and their poll accounting (the
+/// core's per-poll path, `spanprof_core::PollTimer`).
 #[derive(Debug)]
 pub(crate) struct RequestProfile {
     pub(crate) labels: SpanLabels,
-    pub(crate) started: u64,
-    pub(crate) slow_after_ns: Option<u64>,
-    pub(crate) promoted: bool,
-    pub(crate) stats: PollStats,
+    pub(crate) timer: PollTimer,
 }
 
 impl RequestProfile {
-    /// Runs one poll with the labels pushed, accounting its time.
+    /// Runs one poll with the labels pushed, accounting its time (and promoting the
+    /// request once it has run past its slow threshold).
     #[inline]
     pub(crate) fn poll<T>(&mut self, f: impl FnOnce() -> T) -> T {
-        let t0 = CLOCK.raw();
-        if !self.promoted
-            && let Some(after) = self.slow_after_ns
-            && CLOCK.delta_as_nanos(self.started, t0) >= after
-        {
-            self.labels.promote(Hotness::Slow);
-            self.promoted = true;
-        }
-        let out = {
-            let _g = self.labels.enter();
-            f()
-        };
-        self.stats.record(CLOCK.delta_as_nanos(t0, CLOCK.raw()));
-        out
+        self.timer.poll(&self.labels, f)
     }
 
     /// Makes the accounting so far visible on the labels (for the span processor).
     pub(crate) fn publish(&self) {
-        self.labels.publish_poll_stats(self.stats);
+        self.labels.publish_poll_stats(self.timer.stats());
     }
 }
 
@@ -374,14 +356,11 @@ impl Correlator {
         if trace.otel_span && trace.sampled {
             registry::track(&labels);
         }
+        // Work already hot needs no promotion.
+        let slow_after = policy.slow_after.filter(|_| hot == Hotness::Cold);
         Some(RequestProfile {
             labels,
-            started: CLOCK.raw(),
-            slow_after_ns: policy
-                .slow_after
-                .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
-            promoted: hot != Hotness::Cold,
-            stats: PollStats::default(),
+            timer: PollTimer::new(slow_after),
         })
     }
 }

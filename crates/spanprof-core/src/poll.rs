@@ -1,0 +1,200 @@
+//! The per-poll path, in one place: what happens each time labelled work is polled,
+//! whoever polls it.
+//!
+//! - [`push`] and [`LabelGuard`]: a scoped push, for `Labelled` futures and streams and
+//!   [`SpanLabels::enter`];
+//! - [`entered`]: what every push does once the slot holds the record (the scoped
+//!   push, the tokio hooks' before-poll, [`SpanLabels::enter_detached`]): raise the
+//!   thread to the high rate for hot work, register the thread on first use;
+//! - [`PollTimer`]: a push with exact poll accounting and slow promotion, for the
+//!   layer's response future and body and the tracing layer's spans.
+//!
+//! The signal handler reads what these write (`sys::handler`), and promotes work that
+//! passes its slow deadline inside one long poll; both promote through
+//! `LabelRecord::promote`.
+
+use std::marker::PhantomData;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use crate::labels::SpanLabels;
+use crate::profile::Hotness;
+use crate::record::LabelRecord;
+use crate::sys;
+
+/// Exact poll accounting of one span: time inside polls, number of polls, longest
+/// poll. Kept by the poller (no sampling involved) and published on the labels.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PollStats {
+    /// Wall time spent inside polls of the span's work, in nanoseconds.
+    pub busy_ns: u64,
+    /// Number of polls.
+    pub polls: u64,
+    /// Longest single poll, in nanoseconds.
+    pub max_poll_ns: u64,
+}
+
+impl PollStats {
+    /// Accounts one poll of `ns` nanoseconds.
+    #[inline]
+    pub fn record(&mut self, ns: u64) {
+        self.busy_ns += ns;
+        self.polls += 1;
+        self.max_poll_ns = self.max_poll_ns.max(ns);
+    }
+}
+
+/// Restores the previous labels of this thread's slot when dropped.
+///
+/// Returned by [`SpanLabels::enter`]. Not `Send`: it must drop on the thread that
+/// pushed, and guards must drop in reverse order of creation (as scopes do).
+#[must_use = "the labels are popped as soon as the guard drops"]
+pub struct LabelGuard<'a> {
+    prev: *const LabelRecord,
+    _labels: PhantomData<&'a LabelRecord>,
+}
+
+impl std::fmt::Debug for LabelGuard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LabelGuard").finish_non_exhaustive()
+    }
+}
+
+/// Pushes `rec` into this thread's slot until the guard drops. The hot path of every
+/// labelled poll: one thread-local load and store, plus one byte read to see if the
+/// work is hot (and its span still live).
+#[inline]
+pub(crate) fn push(rec: &LabelRecord) -> LabelGuard<'_> {
+    let prev = sys::slot::replace(rec);
+    entered(rec.hot_high_ns());
+    LabelGuard {
+        prev,
+        _labels: PhantomData,
+    }
+}
+
+impl Drop for LabelGuard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        sys::slot::restore(self.prev);
+    }
+}
+
+/// What follows every push of a record into the slot: hot work (`Some(its own high
+/// period, 0 for the profiler's)`) raises this thread to the high rate; the first
+/// labelled work on a thread registers it for sampling.
+#[inline(always)]
+pub(crate) fn entered(hot_high_ns: Option<u64>) {
+    if let Some(high_ns) = hot_high_ns {
+        crate::threads::on_hot_push(high_ns);
+    }
+    crate::threads::ensure_thread_registered();
+}
+
+/// The clock of poll accounting: the TSC through quanta (a few ns a read, where
+/// `Instant::now()` costs ~23 ns on these machines; docs/design.md).
+static CLOCK: LazyLock<quanta::Clock> = LazyLock::new(quanta::Clock::new);
+
+/// A span's poll accounting and slow promotion, kept by whoever polls its work: each
+/// poll runs with the labels pushed and is timed into [`PollStats`]; work still cold
+/// when it has run past its slow threshold is promoted to [`Hotness::Slow`] at the
+/// start of its next poll (the signal handler promotes it inside a long poll).
+///
+/// Used by `spanprof-tower`'s response future and body ([`PollTimer::poll`]) and its
+/// tracing layer ([`PollTimer::enter`] and [`PollTimer::exit`], for callback-style
+/// instrumentation).
+///
+/// ```
+/// use std::time::Duration;
+/// use spanprof_core::{PollTimer, SpanLabels};
+/// let labels = SpanLabels::builder().span_id(1).span_name("GET /").build();
+/// let mut timer = PollTimer::new(Some(Duration::from_secs(1)));
+/// let answer = timer.poll(&labels, || 6 * 7);
+/// assert_eq!(answer, 42);
+/// assert_eq!(timer.stats().polls, 1);
+/// ```
+#[derive(Debug, Clone)]
+pub struct PollTimer {
+    stats: PollStats,
+    /// When the work started, in clock ticks.
+    started: u64,
+    /// Promote once this much time has passed since `started`; `None` once promoted
+    /// (or never).
+    slow_after_ns: Option<u64>,
+    /// Nested [`PollTimer::enter`]s, and when the outermost began.
+    depth: u32,
+    entered_at: u64,
+}
+
+impl PollTimer {
+    /// Starts the clock of a span's work: it is promoted to [`Hotness::Slow`] at its
+    /// first poll after `slow_after` (never with `None`).
+    pub fn new(slow_after: Option<Duration>) -> Self {
+        PollTimer {
+            stats: PollStats::default(),
+            started: CLOCK.raw(),
+            slow_after_ns: slow_after.map(|d| d.as_nanos().min(u128::from(u64::MAX)) as u64),
+            depth: 0,
+            entered_at: 0,
+        }
+    }
+
+    /// Calibrates the clock now (quanta spins for milliseconds on first use), so the
+    /// first request does not pay for it. Layers call it when they are built.
+    pub fn calibrate() {
+        LazyLock::force(&CLOCK);
+    }
+
+    /// Runs one poll (`f`) with `labels` pushed, promoting them first if the work has
+    /// run past its slow threshold, and accounts its time.
+    #[inline]
+    pub fn poll<T>(&mut self, labels: &SpanLabels, f: impl FnOnce() -> T) -> T {
+        let t0 = CLOCK.raw();
+        self.promote_if_slow(labels, t0);
+        let out = {
+            let _guard = labels.enter();
+            f()
+        };
+        self.stats.record(CLOCK.delta_as_nanos(t0, CLOCK.raw()));
+        out
+    }
+
+    /// The callback-style half of [`PollTimer::poll`] (a `tracing` span's enter):
+    /// pushes `labels` until the matching [`PollTimer::exit`] on this thread. Enters
+    /// nest; the outermost enter to its exit counts as one poll.
+    pub fn enter(&mut self, labels: &SpanLabels) {
+        self.depth += 1;
+        if self.depth == 1 {
+            self.entered_at = CLOCK.raw();
+            self.promote_if_slow(labels, self.entered_at);
+        }
+        labels.enter_detached();
+    }
+
+    /// Pops what [`PollTimer::enter`] pushed; at the outermost exit, accounts the poll
+    /// and publishes the figures on `labels`.
+    pub fn exit(&mut self, labels: &SpanLabels) {
+        labels.exit_detached();
+        self.depth = self.depth.saturating_sub(1);
+        if self.depth == 0 {
+            self.stats
+                .record(CLOCK.delta_as_nanos(self.entered_at, CLOCK.raw()));
+            labels.publish_poll_stats(self.stats);
+        }
+    }
+
+    /// The accounting so far.
+    pub fn stats(&self) -> PollStats {
+        self.stats
+    }
+
+    #[inline(always)]
+    fn promote_if_slow(&mut self, labels: &SpanLabels, now: u64) {
+        if let Some(after) = self.slow_after_ns
+            && CLOCK.delta_as_nanos(self.started, now) >= after
+        {
+            labels.promote(Hotness::Slow);
+            self.slow_after_ns = None;
+        }
+    }
+}
