@@ -63,10 +63,13 @@ impl std::fmt::Debug for LabelGuard<'_> {
 /// Pushes `rec` into this thread's slot until the guard drops. The hot path of every
 /// labelled poll: one thread-local load and store, plus one byte read to see if the
 /// work is hot (and its span still live).
-#[inline]
+#[inline(always)]
 pub(crate) fn push(rec: &LabelRecord) -> LabelGuard<'_> {
     let prev = sys::slot::replace(rec);
-    entered(rec.hot_high_ns());
+    if rec.is_hot() {
+        crate::threads::on_hot_push(rec.high_ns);
+    }
+    crate::threads::ensure_thread_registered();
     LabelGuard {
         prev,
         _labels: PhantomData,
@@ -82,7 +85,9 @@ impl Drop for LabelGuard<'_> {
 
 /// What follows every push of a record into the slot: hot work (`Some(its own high
 /// period, 0 for the profiler's)`) raises this thread to the high rate; the first
-/// labelled work on a thread registers it for sampling.
+/// labelled work on a thread registers it for sampling. ([`push`], the hottest
+/// caller, spells the same two steps out on the record itself: through the `Option`
+/// it cost 3 more instructions per `Labelled` poll, docs/benchmarks.md.)
 #[inline(always)]
 pub(crate) fn entered(hot_high_ns: Option<u64>) {
     if let Some(high_ns) = hot_high_ns {
