@@ -15,6 +15,7 @@
 
 use std::marker::PhantomData;
 use std::sync::LazyLock;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::labels::SpanLabels;
@@ -41,6 +42,56 @@ impl PollStats {
         self.busy_ns += ns;
         self.polls += 1;
         self.max_poll_ns = self.max_poll_ns.max(ns);
+    }
+}
+
+/// The per-poll half of [`SpanLabels`]: pushes and poll accounting. Here, not in
+/// `labels.rs`, so the per-poll path is read in one file and depends on the labels,
+/// not the other way round.
+impl SpanLabels {
+    /// Publishes the poll accounting of this span (replacing what was there).
+    pub fn publish_poll_stats(&self, stats: PollStats) {
+        self.record.busy_ns.store(stats.busy_ns, Ordering::Relaxed);
+        self.record.polls.store(stats.polls, Ordering::Relaxed);
+        self.record
+            .max_poll_ns
+            .store(stats.max_poll_ns, Ordering::Relaxed);
+    }
+
+    /// The poll accounting last published.
+    pub fn poll_stats(&self) -> PollStats {
+        PollStats {
+            busy_ns: self.record.busy_ns.load(Ordering::Relaxed),
+            polls: self.record.polls.load(Ordering::Relaxed),
+            max_poll_ns: self.record.max_poll_ns.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Pushes these labels for callback-style instrumentation (an `on_enter` without
+    /// a guard to hold): the previous value is kept on a small per-thread stack (with
+    /// a reference to the labels, so they outlive the push) until the matching
+    /// [`SpanLabels::exit_detached`] on the same thread.
+    pub fn enter_detached(&self) {
+        if crate::sys::slot::push_detached(&self.record) {
+            entered(self.record.hot_high_ns());
+        }
+    }
+
+    /// Pops labels pushed by [`SpanLabels::enter_detached`]. Returns false (and leaves
+    /// the slot alone) if this thread has no such push, as when enter and exit ran on
+    /// different threads. Exits out of order are taken apart in order: the labels stay
+    /// in force until everything pushed after them has been popped.
+    pub fn exit_detached(&self) -> bool {
+        crate::sys::slot::pop_detached(&self.record)
+    }
+
+    /// Pushes these labels into the current thread's slot until the guard drops.
+    ///
+    /// The guard restores whatever was there before, so pushes nest. It must be dropped
+    /// on the thread that made it (it is `!Send`).
+    #[inline]
+    pub fn enter(&self) -> crate::LabelGuard<'_> {
+        push(&self.record)
     }
 }
 

@@ -79,6 +79,11 @@ fn fire_and_forget_tasks_never_expose_a_freed_label_record() {
             chains.fetch_add(64, Ordering::Relaxed);
             tokio::task::yield_now().await;
         }
+        // Let the last chains finish before the runtime shuts down: tokio runs the
+        // spawn hook of a task spawned during shutdown after it has already shut the
+        // task down (and run its terminate hook), which would leave that one entry in
+        // the table (docs/design.md, "known limits").
+        tokio::time::sleep(Duration::from_millis(100)).await;
     });
     drop(rt);
     ALLOC.set_poisoning(false);
