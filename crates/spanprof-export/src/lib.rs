@@ -8,8 +8,6 @@ pub mod delivery;
 mod error;
 mod files;
 mod http;
-#[cfg(feature = "debug-endpoint")]
-mod http_debug;
 #[cfg(feature = "otlp")]
 pub mod otlp;
 #[cfg(feature = "pyroscope")]
@@ -24,11 +22,6 @@ pub use delivery::{
 };
 pub use files::{
     DEFAULT_FILE_INTERVAL, DEFAULT_MAX_FILES, PprofFileConfig, PprofFileExporter, write_one,
-};
-#[cfg(feature = "debug-endpoint")]
-pub use http_debug::{
-    DEBUG_PROFILE_PATH, DebugEndpointStats, MAX_CONCURRENT_WINDOWS, debug_endpoint_stats,
-    debug_router,
 };
 #[cfg(feature = "otlp")]
 pub use otlp::{OtlpProfilesConfig, OtlpProfilesExporter, OtlpProtocol};

@@ -71,7 +71,7 @@ impl Viewer {
             .route("/debug/spanprof/flamegraph/{span_id}", get(flamegraph))
             .route("/debug/spanprof/diff/{span_id}", get(diff))
             .with_state(self.clone());
-        api.merge(spanprof_export::debug_router(self.profiler))
+        api.merge(crate::debug::debug_router(self.profiler))
     }
 }
 

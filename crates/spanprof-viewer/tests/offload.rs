@@ -151,7 +151,7 @@ fn concurrent_profile_windows_are_capped() {
     let base = format!("http://{addr}/debug/spanprof/profile");
     let client = tokio::runtime::Runtime::new().unwrap();
     client.block_on(async {
-        let open: Vec<_> = (0..spanprof_export::MAX_CONCURRENT_WINDOWS)
+        let open: Vec<_> = (0..spanprof_viewer::MAX_CONCURRENT_WINDOWS)
             .map(|_| {
                 let url = format!("{base}?seconds=3");
                 tokio::spawn(async move { fetch(&url).await })
@@ -162,7 +162,7 @@ fn concurrent_profile_windows_are_capped() {
         let (status, body) = fetch(&format!("{base}?seconds=1")).await;
         assert_eq!(status, 429, "{} bytes", body.len());
         assert!(body.contains("windows are already open"), "{body}");
-        assert_eq!(spanprof_export::debug_endpoint_stats().windows_refused, 1);
+        assert_eq!(spanprof_viewer::debug_endpoint_stats().windows_refused, 1);
         for o in open {
             let (status, body) = o.await.unwrap();
             assert_eq!(status, 200, "{} bytes", body.len());
@@ -170,7 +170,7 @@ fn concurrent_profile_windows_are_capped() {
         // Once they are closed, a new window is served.
         let (status, body) = fetch(&format!("{base}?seconds=1")).await;
         assert_eq!(status, 200, "{} bytes", body.len());
-        assert_eq!(spanprof_export::debug_endpoint_stats().windows_open, 0);
+        assert_eq!(spanprof_viewer::debug_endpoint_stats().windows_open, 0);
     });
     profiler.stop();
 }

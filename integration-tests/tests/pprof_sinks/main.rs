@@ -7,7 +7,8 @@ mod support;
 use std::time::Duration;
 
 use spanprof::Profiler;
-use spanprof_export::{PprofFileConfig, PprofFileExporter, ProfileSource, debug_router};
+use spanprof_export::{PprofFileConfig, PprofFileExporter, ProfileSource};
+use spanprof_viewer::debug_router;
 use support::{go_pprof, labelled_burn, top_function, total_ns};
 
 #[test]
