@@ -35,8 +35,9 @@ impl CacheStats {
 
 /// A map with foldhash (randomly seeded per map) instead of SipHash, for the maps
 /// the collector and the request path touch per sample or per request: addresses,
-/// label ids, stack ids, interned names. SipHash cost the collector about 15 % of
-/// its instructions (docs/benchmarks.md); foldhash keeps a per-map random seed.
+/// label ids, stack ids, interned names. With it the collector's work outside
+/// symbolization halved under Callgrind, and the layered request lost 508 of its
+/// 5 894 instructions (docs/benchmarks.md). The per-map random seed stays.
 pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 struct Generation<K, V> {

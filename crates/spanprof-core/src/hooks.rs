@@ -175,10 +175,7 @@ mod task_table {
                 e.record.load(Ordering::Acquire).cast_const()
             })
         };
-        let hot_high_ns = slot::hook_push(record, k);
-        if !record.is_null() {
-            crate::poll::entered(hot_high_ns);
-        }
+        slot::hook_push(record, k, crate::poll::entered);
     }
 
     pub(super) fn on_after_poll(_meta: &tokio::runtime::TaskMeta<'_>) {

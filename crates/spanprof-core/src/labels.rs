@@ -1,7 +1,6 @@
 //! Span labels: the identity of the work being polled, as written into every sample.
 
 use std::fmt;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 

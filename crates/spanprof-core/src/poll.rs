@@ -73,7 +73,7 @@ impl SpanLabels {
     /// [`SpanLabels::exit_detached`] on the same thread.
     pub fn enter_detached(&self) {
         if crate::sys::slot::push_detached(&self.record) {
-            entered(self.record.hot_high_ns());
+            entered(&self.record);
         }
     }
 
@@ -117,10 +117,7 @@ impl std::fmt::Debug for LabelGuard<'_> {
 #[inline(always)]
 pub(crate) fn push(rec: &LabelRecord) -> LabelGuard<'_> {
     let prev = sys::slot::replace(rec);
-    if rec.is_hot() {
-        crate::threads::on_hot_push(rec.high_ns);
-    }
-    crate::threads::ensure_thread_registered();
+    entered(rec);
     LabelGuard {
         prev,
         _labels: PhantomData,
@@ -134,15 +131,14 @@ impl Drop for LabelGuard<'_> {
     }
 }
 
-/// What follows every push of a record into the slot: hot work (`Some(its own high
-/// period, 0 for the profiler's)`) raises this thread to the high rate; the first
-/// labelled work on a thread registers it for sampling. ([`push`], the hottest
-/// caller, spells the same two steps out on the record itself: through the `Option`
-/// it cost 3 more instructions per `Labelled` poll, docs/benchmarks.md.)
+/// What follows every push of a record into the slot (the scoped push, the tokio
+/// hooks', the detached one): hot work raises this thread to the record's high rate
+/// (its own period, or the profiler's); the first labelled work on a thread registers
+/// it for sampling.
 #[inline(always)]
-pub(crate) fn entered(hot_high_ns: Option<u64>) {
-    if let Some(high_ns) = hot_high_ns {
-        crate::threads::on_hot_push(high_ns);
+pub(crate) fn entered(rec: &LabelRecord) {
+    if rec.is_hot() {
+        crate::threads::on_hot_push(rec.high_ns);
     }
     crate::threads::ensure_thread_registered();
 }

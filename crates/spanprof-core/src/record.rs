@@ -116,13 +116,6 @@ impl LabelRecord {
         (self.state.load(Ordering::Relaxed) as i8) > 0
     }
 
-    /// Marks the span ended (idempotent).
-    /// The record's own high period (0: the profiler's) when it is hot.
-    #[inline(always)]
-    pub(crate) fn hot_high_ns(&self) -> Option<u64> {
-        self.is_hot().then_some(self.high_ns)
-    }
-
     /// Raises the hotness to at least `why`; never lowers it, and does nothing once
     /// the span has ended (an ended record's byte has the top bit set, above every
     /// hotness). The one place work is promoted: by the poll path
@@ -135,6 +128,7 @@ impl LabelRecord {
             .max(why as u8)
     }
 
+    /// Marks the span ended (idempotent).
     pub(crate) fn end(&self) {
         self.state.fetch_or(ENDED, Ordering::Release);
     }

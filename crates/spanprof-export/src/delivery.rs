@@ -726,6 +726,21 @@ mod tests {
         }
     }
 
+    /// A delivery with the default configuration on the paused clock, `payloads`
+    /// one-byte payloads (0, 1, …) queued, each accepted.
+    fn start_with(transport: impl Transport, payloads: u8) -> Delivery {
+        let d = Delivery::start_on(
+            "virtual",
+            DeliveryConfig::default(),
+            transport,
+            Clock::Paused,
+        );
+        for n in 0..payloads {
+            assert!(d.enqueue(vec![n]), "a new payload is always kept");
+        }
+        d
+    }
+
     fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
         let deadline = Instant::now() + Duration::from_secs(20);
         while !done() {
@@ -747,10 +762,7 @@ mod tests {
             outage,
             ..Server::default()
         };
-        let d = Delivery::start_on("virtual", cfg.clone(), server.clone(), Clock::Paused);
-        for n in 0..10u8 {
-            assert!(d.enqueue(vec![n]));
-        }
+        let d = start_with(server.clone(), 10);
         wait_until("the queue to drain", || d.stats().sent == 10);
         let stats = d.shutdown(Duration::from_secs(1));
         assert_eq!(stats.dropped(), 0, "{stats:?}");
@@ -769,14 +781,10 @@ mod tests {
     /// is back.
     #[test]
     fn a_full_queue_drops_its_oldest() {
-        let cfg = DeliveryConfig::default();
         let server = Server::default();
         server.down.store(true, Ordering::Relaxed);
-        let d = Delivery::start_on("virtual", cfg.clone(), server.clone(), Clock::Paused);
         let made = DEFAULT_QUEUE_CAPACITY as u8 + 6;
-        for n in 0..made {
-            assert!(d.enqueue(vec![n]), "a new payload is always kept");
-        }
+        let d = start_with(server.clone(), made);
         let during = d.stats();
         assert_eq!(during.dropped_queue_full, 6, "{during:?}");
         assert_eq!(during.pending, DEFAULT_QUEUE_CAPACITY as u64, "{during:?}");
@@ -816,15 +824,7 @@ mod tests {
             }
         }
         let server = Refuses::default();
-        let d = Delivery::start_on(
-            "virtual",
-            DeliveryConfig::default(),
-            server.clone(),
-            Clock::Paused,
-        );
-        for n in 0..3u8 {
-            assert!(d.enqueue(vec![n]));
-        }
+        let d = start_with(server.clone(), 3);
         wait_until("every payload to be settled", || {
             let s = d.stats();
             s.sent + s.dropped_rejected == 3
@@ -844,15 +844,7 @@ mod tests {
     fn shutdown_counts_what_the_deadline_leaves_queued() {
         let server = Server::default();
         server.down.store(true, Ordering::Relaxed);
-        let d = Delivery::start_on(
-            "virtual",
-            DeliveryConfig::default(),
-            server.clone(),
-            Clock::Paused,
-        );
-        for n in 0..5u8 {
-            assert!(d.enqueue(vec![n]));
-        }
+        let d = start_with(server.clone(), 5);
         let stats = d.shutdown(Duration::from_millis(200));
         assert_eq!(stats.sent, 0, "{stats:?}");
         assert_eq!(stats.dropped_shutdown, 5, "{stats:?}");

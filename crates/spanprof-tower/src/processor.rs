@@ -71,28 +71,27 @@ impl<P: SpanProcessor> SpanProcessor for SpanProfileProcessor<P> {
             let stats = labels.poll_stats();
             let own_id = registry::scope() == ProfileScope::AllSpans
                 || labels.root_span_id() == labels.span_id();
-            let hot = labels.hotness().as_str();
-            // Grow the attribute list once, to its final length: on a span that already
-            // has a dozen attributes, pushing one at a time doubles it into a large
-            // allocation (measured in docs/benchmarks.md: the heap churn that follows
-            // costs more than everything else this processor does).
-            span.attributes
-                .reserve_exact(6 + usize::from(own_id) + usize::from(hot.is_some()));
-            if own_id {
-                span.attributes
-                    .push(KeyValue::new(ATTR_PROFILE_ID, labels.span_id_hex()));
-            }
-            span.attributes.extend([
-                KeyValue::new(ATTR_BUSY_NS, stats.busy_ns as i64),
-                KeyValue::new(ATTR_IDLE_NS, duration.saturating_sub(stats.busy_ns) as i64),
-                KeyValue::new(ATTR_POLLS, stats.polls as i64),
-                KeyValue::new(ATTR_MAX_POLL_NS, stats.max_poll_ns as i64),
-                KeyValue::new(ATTR_CPU_SAMPLES, labels.cpu_samples() as i64),
-                KeyValue::new(ATTR_CPU_NS, labels.cpu_ns() as i64),
-            ]);
-            if let Some(hot) = hot {
-                span.attributes.push(KeyValue::new(ATTR_HOT, hot));
-            }
+            let profile_id = own_id.then(|| KeyValue::new(ATTR_PROFILE_ID, labels.span_id_hex()));
+            let hot = labels
+                .hotness()
+                .as_str()
+                .map(|hot| KeyValue::new(ATTR_HOT, hot));
+            let figures = profile_id
+                .into_iter()
+                .chain([
+                    KeyValue::new(ATTR_BUSY_NS, stats.busy_ns as i64),
+                    KeyValue::new(ATTR_IDLE_NS, duration.saturating_sub(stats.busy_ns) as i64),
+                    KeyValue::new(ATTR_POLLS, stats.polls as i64),
+                    KeyValue::new(ATTR_MAX_POLL_NS, stats.max_poll_ns as i64),
+                    KeyValue::new(ATTR_CPU_SAMPLES, labels.cpu_samples() as i64),
+                    KeyValue::new(ATTR_CPU_NS, labels.cpu_ns() as i64),
+                ])
+                .chain(hot);
+            // One allocation of the final length, not a doubling: the span usually
+            // holds a dozen attributes already. (What the growth does to glibc's heap
+            // afterwards is measured in docs/benchmarks.md; this does not remove it.)
+            span.attributes.reserve_exact(figures.size_hint().0);
+            span.attributes.extend(figures);
         }
         self.next.on_end(span);
     }

@@ -197,6 +197,15 @@ fn protocol_errors_name_the_variable() {
     assert!(e.to_string().contains("OTEL_EXPORTER_OTLP_PROTOCOL"), "{e}");
 }
 
+/// Runs an exporter of `cfg` at a 200 ms interval for 700 ms (three or four
+/// profiles), then shuts it down.
+fn export_for_700ms(mut cfg: OtlpProfilesConfig) -> spanprof_export::DeliveryStats {
+    cfg.interval = Duration::from_millis(200);
+    let exporter = OtlpProfilesExporter::start(cfg, support::receiver::numbered_source()).unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    exporter.shutdown(Duration::from_secs(5))
+}
+
 /// Issue 10.7: an authenticated collector accepted traces and rejected every
 /// profile, because `OTEL_EXPORTER_OTLP_HEADERS` was ignored for profiles. Over
 /// HTTP, against a receiver that answers 401 without the header, as the variable
@@ -206,7 +215,7 @@ fn http_profiles_carry_the_standard_headers() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let receiver = rt.block_on(Receiver::start(vec![]));
     receiver.require_header("authorization", "Bearer s3cret token");
-    let mut cfg = OtlpProfilesConfig::from_lookup(|k| match k {
+    let cfg = OtlpProfilesConfig::from_lookup(|k| match k {
         "OTEL_EXPORTER_OTLP_ENDPOINT" => Some(receiver.url()),
         "OTEL_EXPORTER_OTLP_HEADERS" => {
             Some("authorization=Bearer%20s3cret%20token, x-team = checkout".into())
@@ -215,10 +224,7 @@ fn http_profiles_carry_the_standard_headers() {
     })
     .unwrap()
     .unwrap();
-    cfg.interval = Duration::from_millis(200);
-    let exporter = OtlpProfilesExporter::start(cfg, support::receiver::numbered_source()).unwrap();
-    std::thread::sleep(Duration::from_millis(700));
-    let stats = exporter.shutdown(Duration::from_secs(5));
+    let stats = export_for_700ms(cfg);
     assert!(stats.sent >= 2 && stats.dropped() == 0, "{stats:?}");
     for r in receiver.received() {
         assert_eq!(r.headers["authorization"], "Bearer s3cret token");
@@ -232,7 +238,7 @@ fn http_profiles_carry_the_standard_headers() {
 fn grpc_profiles_carry_the_standard_headers_profiles_variable_first() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (collector, addr) = start_collector(&rt, &[("x-api-key", "right"), ("x-team", "checkout")]);
-    let mut cfg = OtlpProfilesConfig::from_lookup(|k| match k {
+    let cfg = OtlpProfilesConfig::from_lookup(|k| match k {
         "OTEL_EXPORTER_OTLP_ENDPOINT" => Some(format!("http://{addr}")),
         "OTEL_EXPORTER_OTLP_PROTOCOL" => Some("grpc".into()),
         "OTEL_EXPORTER_OTLP_HEADERS" => Some("x-api-key=wrong,x-team=checkout".into()),
@@ -242,10 +248,7 @@ fn grpc_profiles_carry_the_standard_headers_profiles_variable_first() {
     .unwrap()
     .unwrap();
     assert_eq!(cfg.protocol, OtlpProtocol::Grpc);
-    cfg.interval = Duration::from_millis(200);
-    let exporter = OtlpProfilesExporter::start(cfg, support::receiver::numbered_source()).unwrap();
-    std::thread::sleep(Duration::from_millis(700));
-    let stats = exporter.shutdown(Duration::from_secs(5));
+    let stats = export_for_700ms(cfg);
     assert!(stats.sent >= 2 && stats.dropped() == 0, "{stats:?}");
     assert_eq!(collector.0.lock().unwrap().len() as u64, stats.sent);
     drop(rt);
@@ -322,17 +325,14 @@ fn a_grpc_refusal_is_counted_and_logged_once_with_its_grpc_code() {
     tracing::subscriber::set_global_default(support::capture_logs(logs.clone())).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (collector, addr) = start_collector(&rt, &[("x-api-key", "right")]);
-    let mut cfg = OtlpProfilesConfig::from_lookup(|k| match k {
+    let cfg = OtlpProfilesConfig::from_lookup(|k| match k {
         "OTEL_EXPORTER_OTLP_ENDPOINT" => Some(format!("http://{addr}")),
         "OTEL_EXPORTER_OTLP_PROTOCOL" => Some("grpc".into()),
         _ => None,
     })
     .unwrap()
     .unwrap();
-    cfg.interval = Duration::from_millis(200);
-    let exporter = OtlpProfilesExporter::start(cfg, support::receiver::numbered_source()).unwrap();
-    std::thread::sleep(Duration::from_millis(700));
-    let stats = exporter.shutdown(Duration::from_secs(5));
+    let stats = export_for_700ms(cfg);
     assert!(
         stats.dropped_rejected >= 2 && stats.sent == 0 && stats.retried == 0,
         "{stats:?}"

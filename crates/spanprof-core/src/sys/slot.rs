@@ -153,19 +153,13 @@ pub(crate) fn current() -> Option<Arc<LabelRecord>> {
 #[cfg(tokio_unstable)]
 /// Pushes for a tokio `on_before_task_poll` hook of the task with key `task`:
 /// remembers the previous value in a small per-thread stack because the matching
-/// `on_after_task_poll` is a separate call. Returns the record's own high period (0:
-/// the profiler's) when it is hot.
+/// `on_after_task_poll` is a separate call. Then hands a non-null record to
+/// `entered` (what every push does next, `crate::poll::entered`).
 ///
 /// `record` must be null or a record kept alive (by a strong reference) until the
 /// matching [`hook_pop`] ([`hook_release`] defers a release that would come sooner).
-pub(crate) fn hook_push(record: *const LabelRecord, task: u64) -> Option<u64> {
+pub(crate) fn hook_push(record: *const LabelRecord, task: u64, entered: fn(&LabelRecord)) {
     let prev = replace(record);
-    // SAFETY: the caller keeps a non-null `record` alive until `hook_pop` (the task
-    // table holds a strong reference until the task terminates, and a release at
-    // terminate inside this poll is deferred to `hook_pop`).
-    let hot = unsafe { record.as_ref() }
-        .filter(|r| r.is_hot())
-        .map(|r| r.high_ns);
     let depth = HOOK_DEPTH_USED.get();
     if depth < HOOK_DEPTH {
         let mut saved = HOOK_SAVED.get();
@@ -173,7 +167,12 @@ pub(crate) fn hook_push(record: *const LabelRecord, task: u64) -> Option<u64> {
         HOOK_SAVED.set(saved);
     }
     HOOK_DEPTH_USED.set(depth + 1);
-    hot
+    // SAFETY: the caller keeps a non-null `record` alive until `hook_pop` (the task
+    // table holds a strong reference until the task terminates, and a release at
+    // terminate inside this poll is deferred to `hook_pop`).
+    if let Some(r) = unsafe { record.as_ref() } {
+        entered(r);
+    }
 }
 
 #[cfg(tokio_unstable)]
