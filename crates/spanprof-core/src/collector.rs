@@ -20,6 +20,7 @@ use crate::profile::{Hotness, SampleLabels, Stack};
 use crate::record::LabelIds;
 use crate::store::{IncomingLabels, IncomingSample, SpanProfileStore};
 use crate::symbolize::AddressSymbolizer;
+use crate::sys;
 use crate::sys::ring::{FLAG_LABELLED, FLAG_TRUNCATED, RawSample};
 use crate::window::WindowInner;
 
@@ -147,16 +148,18 @@ impl Collector {
             std::thread::Builder::new()
                 .name("spanprof-drain".into())
                 .spawn(move || {
-                    let mut q = shared.lock();
-                    while !q.stop {
-                        q = shared
-                            .cv
-                            .wait_timeout(q, interval)
-                            .unwrap_or_else(|e| e.into_inner())
-                            .0;
-                        drop(q);
+                    // Not on `cv`: the collector's notifications after each batch
+                    // would wake it for nothing. It sleeps its interval, or until a
+                    // signal handler finds its ring half full, or until `shutdown`.
+                    loop {
+                        // Read before `stop`: a shutdown after this read changes
+                        // the word, so the wait below returns at once.
+                        let seen = sys::drain_requests();
+                        if shared.lock().stop {
+                            break;
+                        }
+                        sys::wait_for_drain_request(seen, interval);
                         shared.drain();
-                        q = shared.lock();
                     }
                 })
                 .expect("spawn the spanprof drain thread")
@@ -207,6 +210,7 @@ impl Collector {
     fn shutdown(&mut self) {
         self.shared.lock().stop = true;
         self.shared.cv.notify_all();
+        sys::request_drain();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }

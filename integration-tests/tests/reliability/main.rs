@@ -93,6 +93,37 @@ fn burn_cpu(ms: u64, class: usize) -> Duration {
     spanprof::thread_cpu_time() - start
 }
 
+/// The drain thread sleeps its whole interval unless a ring fills: a ring reaching
+/// half its capacity wakes it from the signal handler, so a long interval (here the
+/// 10 s maximum) loses nothing to full rings while it saves the wake-ups.
+#[test]
+fn a_ring_half_full_is_drained_before_the_interval() {
+    let _s = support::serial();
+    let profiler = Profiler::builder()
+        .high_hz(1000)
+        .ring_capacity(64)
+        .drain_interval(Duration::from_secs(10))
+        .start()
+        .expect("profiler");
+    let burn = std::thread::spawn(|| {
+        spanprof::register_current_thread();
+        let labels = hot(70, "ring_filler");
+        let _g = labels.enter();
+        burn_cpu(600, 0)
+    });
+    let cpu = burn.join().unwrap();
+    // No flush: whatever is in the store came through the drain thread, which has
+    // not reached the end of its 10 s interval. A 1 kHz burn of 600 ms writes over
+    // 150 samples even at the timer's 250 Hz: two fills of a 64-slot ring at least.
+    let drained = profiler.store().stats().samples;
+    let stats = profiler.sampler_stats();
+    assert!(
+        drained >= 32,
+        "only {drained} samples drained during a {cpu:?} hot burn with a 64-slot ring: {stats:?}"
+    );
+    profiler.stop();
+}
+
 #[test]
 fn start_stop_cycles_leave_nothing_behind() {
     let _s = support::serial();

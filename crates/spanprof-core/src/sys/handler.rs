@@ -392,8 +392,13 @@ unsafe fn handle(info: *const SigInfoTimer, uctx: *mut libc::c_void) {
         s.time_ns = time_ns;
         s.flags = flags;
     });
-    if written {
+    if let Some(waiting) = written {
         count_sample(ts, rec, ended, weight_ns);
+        // Half full: wake the drain thread rather than wait for its interval (the
+        // one system call here, once per half ring; docs/design.md).
+        if waiting == ts.ring.half() {
+            super::wake::request_drain();
+        }
     }
 }
 

@@ -26,6 +26,8 @@ mod thread;
 mod timer;
 #[cfg(spanprof_sampler)]
 mod unwind;
+#[cfg(spanprof_sampler)]
+mod wake;
 
 #[cfg(all(spanprof_sampler, feature = "testing"))]
 pub use alloc_counter::HandlerAllocCounter;
@@ -39,6 +41,8 @@ pub use quarantine::{POISON_BYTE, QuarantineAlloc};
 pub(crate) use thread::{ThreadSampler, probe_perf_events};
 #[cfg(spanprof_sampler)]
 pub(crate) use unwind::{frame_pointers_present, set_frame_pointer_text};
+#[cfg(spanprof_sampler)]
+pub(crate) use wake::{drain_requests, request_drain, wait_for_drain_request};
 
 #[cfg(not(spanprof_sampler))]
 mod unsupported;

@@ -71,16 +71,17 @@ impl SampleRing {
         }
     }
 
-    /// Producer side: reserves the next slot and lets `fill` write it. Returns false
-    /// (and counts a drop) when the ring is full. Only the owning thread's signal
-    /// handler may call this.
+    /// Producer side: reserves the next slot and lets `fill` write it. Returns how
+    /// many samples wait in the ring with this one, or `None` (and counts a drop)
+    /// when the ring is full. Only the owning thread's signal handler may call this.
     #[inline]
-    pub(crate) fn write(&self, fill: impl FnOnce(&mut RawSample)) -> bool {
+    pub(crate) fn write(&self, fill: impl FnOnce(&mut RawSample)) -> Option<u32> {
         let head = self.head.load(Ordering::Relaxed);
         let tail = self.tail.load(Ordering::Acquire);
-        if head.wrapping_sub(tail) > self.mask {
+        let waiting = head.wrapping_sub(tail);
+        if waiting > self.mask {
             self.dropped_full.fetch_add(1, Ordering::Relaxed);
-            return false;
+            return None;
         }
         let cell = &self.slots[(head & self.mask) as usize];
         // SAFETY: 1. Single producer: only the owning thread's handler writes, and the
@@ -101,7 +102,14 @@ impl SampleRing {
             fill(&mut *sample);
         }
         self.head.store(head.wrapping_add(1), Ordering::Release);
-        true
+        Some(waiting + 1)
+    }
+
+    /// Half the ring's capacity: the fill at which the handler wakes the drain thread.
+    #[inline]
+    pub(crate) fn half(&self) -> u32 {
+        // The capacity (mask + 1) is a power of two of at least 2.
+        self.mask.div_ceil(2)
     }
 
     /// Consumer side: hands every sample written so far to `f`, in order, and frees
@@ -136,12 +144,12 @@ mod tests {
     fn fills_drains_and_counts_drops() {
         let ring = SampleRing::new(4);
         for i in 0..6 {
-            let ok = ring.write(|s| {
+            let waiting = ring.write(|s| {
                 s.ids.span_id = i;
                 s.depth = 1;
                 s.frames[0] = 100 + i;
             });
-            assert_eq!(ok, i < 4);
+            assert_eq!(waiting, (i < 4).then_some(i as u32 + 1));
         }
         assert_eq!(ring.dropped_full(), 2);
         let mut out = Vec::new();
@@ -151,7 +159,8 @@ mod tests {
         );
         assert_eq!(out.iter().map(|s| s.0).collect::<Vec<_>>(), [0, 1, 2, 3]);
         assert_eq!(out[3].1, [103]);
-        assert!(ring.write(|s| s.ids.span_id = 9));
+        assert_eq!(ring.half(), 2);
+        assert_eq!(ring.write(|s| s.ids.span_id = 9), Some(1));
         out.clear();
         assert_eq!(
             ring.drain(|s| out.push((s.ids.span_id, s.frames().to_vec()))),

@@ -40,3 +40,21 @@ impl ThreadSampler {
 
     pub(crate) fn detach_current() {}
 }
+
+/// Drain requests so far (the stand-in: only stopping the collector requests one).
+static DRAIN_REQUESTS: std::sync::Mutex<u32> = std::sync::Mutex::new(0);
+static DRAIN_REQUESTED: std::sync::Condvar = std::sync::Condvar::new();
+
+pub(crate) fn drain_requests() -> u32 {
+    *DRAIN_REQUESTS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(crate) fn request_drain() {
+    *DRAIN_REQUESTS.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+    DRAIN_REQUESTED.notify_all();
+}
+
+pub(crate) fn wait_for_drain_request(seen: u32, timeout: std::time::Duration) {
+    let guard = DRAIN_REQUESTS.lock().unwrap_or_else(|e| e.into_inner());
+    let _ = DRAIN_REQUESTED.wait_timeout_while(guard, timeout, |n| *n == seen);
+}
