@@ -174,6 +174,9 @@ fn serve(mode: &str, sink: &str) {
         app.layer(layer).layer(TraceLayer::new_for_http()),
         process_cpu_ns,
     );
+    // For diagnosis (the `overhead` parent does not read it): how many signals were
+    // samples, and how many perf signals landed in cold work.
+    eprintln!("{mode}: {:?}", profiler.sampler_stats());
 }
 
 /// A server process and its control channel.

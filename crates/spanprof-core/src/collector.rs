@@ -247,7 +247,14 @@ fn process(
             q.samples.drain(..).collect()
         };
         crate::setup::emit_pending();
-        // Symbolize outside the store's lock, so queries never wait for DWARF parsing.
+        // Symbolize outside the store's lock, so queries never wait for DWARF parsing:
+        // the batch's new addresses in one call, then each stack from the caches.
+        symbolizer.prefetch(
+            batch
+                .iter()
+                .map(|d| &*d.addrs)
+                .filter(|addrs| stacks.cache.peek(*addrs).is_none()),
+        );
         let batch_stacks: Vec<Stack> = batch
             .iter()
             .map(|d| stacks.stack(&d.addrs, &mut symbolizer))

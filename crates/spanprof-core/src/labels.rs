@@ -55,8 +55,16 @@ impl Clone for SpanLabels {
 impl Drop for SpanLabels {
     fn drop(&mut self) {
         if self.owner && self.record.owners.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.record.end();
+            end(&self.record);
         }
+    }
+}
+
+/// Ends the span of `record`. Hot work ending on this thread stops the thread's high
+/// rate unless the work it is polling is hot too (`sys::on_hot_end`).
+fn end(record: &LabelRecord) {
+    if record.end() {
+        crate::threads::on_hot_end(record.high_ns);
     }
 }
 
@@ -82,7 +90,7 @@ impl SpanLabels {
     /// under these labels is sampled as detached (see the type's documentation).
     /// Dropping the last handle does the same.
     pub fn end(&self) {
-        self.record.end();
+        end(&self.record);
     }
 
     /// Whether the span has ended.

@@ -128,8 +128,9 @@ impl LabelRecord {
             .max(why as u8)
     }
 
-    /// Marks the span ended (idempotent).
-    pub(crate) fn end(&self) {
-        self.state.fetch_or(ENDED, Ordering::Release);
+    /// Marks the span ended (idempotent). Returns whether this call ended hot work
+    /// (the caller then lets the thread drop its high rate, `threads::on_hot_end`).
+    pub(crate) fn end(&self) -> bool {
+        (self.state.fetch_or(ENDED, Ordering::Release) as i8) > 0
     }
 }

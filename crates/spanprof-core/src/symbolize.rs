@@ -29,6 +29,9 @@ pub(crate) struct AddressSymbolizer {
     /// Executable mappings of this process (start, end, file name), for naming
     /// addresses no symbol covers (`[libc.so.6]`).
     modules: Vec<(u64, u64, String)>,
+    /// Calls into blazesym so far (each reads `/proc/self/maps` and walks the
+    /// symbol tables of the files it touches).
+    pub(crate) calls: u64,
 }
 
 /// Executable file mappings of this process from `/proc/self/maps`: (start, end,
@@ -107,6 +110,7 @@ impl AddressSymbolizer {
             cache: BoundedCache::new(max_bytes / 4 * 3),
             names: BoundedCache::new(max_bytes / 4),
             modules: Vec::new(),
+            calls: 0,
         }
     }
 
@@ -115,6 +119,26 @@ impl AddressSymbolizer {
         let mut s = self.cache.stats();
         s.add(self.names.stats());
         s
+    }
+
+    /// Symbolizes, in one call, every address of `stacks` not cached yet (the
+    /// collector hands it a batch's new stacks), so that a batch costs one read of
+    /// `/proc/self/maps` and one pass over the symbol tables instead of one per stack.
+    pub(crate) fn prefetch<'a>(&mut self, stacks: impl IntoIterator<Item = &'a [u64]>) {
+        let mut missing = Vec::new();
+        for addrs in stacks {
+            for (i, &a) in addrs.iter().enumerate() {
+                let l = lookup_addr(i, a);
+                if self.known(l).is_none() {
+                    missing.push(l);
+                }
+            }
+        }
+        missing.sort_unstable();
+        missing.dedup();
+        if !missing.is_empty() {
+            self.symbolize_into(&missing, &mut FastMap::default());
+        }
     }
 
     /// The frames of a raw stack (leaf first). Return addresses (every frame but the
@@ -182,6 +206,7 @@ impl AddressSymbolizer {
     /// addresses it cannot name get their module's name.
     fn symbolize_into(&mut self, missing: &[u64], found: &mut FastMap<u64, Arc<[Frame]>>) {
         let src = Source::Process(Process::new(Pid::Slf));
+        self.calls += 1;
         match self.symbolizer.symbolize(&src, Input::AbsAddr(missing)) {
             Ok(results) => {
                 for (&addr, sym) in missing.iter().zip(results) {
@@ -320,6 +345,22 @@ mod tests {
         );
         assert_eq!(clean("a::b::h0123456789abcdef"), "a::b");
         assert_eq!(clean("a::b::hello"), "a::b::hello");
+    }
+
+    #[test]
+    fn a_batch_of_new_stacks_is_symbolized_in_one_call() {
+        let (lo, hi) = executable_text().expect("this test binary's code");
+        let addrs: Vec<u64> = (lo..hi).step_by(4096).take(30).collect();
+        let stacks: Vec<&[u64]> = addrs.chunks(3).collect();
+        let mut s = AddressSymbolizer::new(16 << 20);
+        s.prefetch(stacks.iter().copied());
+        for stack in &stacks {
+            assert!(s.stack(stack).len() >= stack.len());
+        }
+        assert_eq!(s.calls, 1, "ten new stacks, one call into blazesym");
+        // Stacks already cached cost no call at all.
+        s.prefetch(stacks.iter().copied());
+        assert_eq!(s.calls, 1);
     }
 
     #[test]

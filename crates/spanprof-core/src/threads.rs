@@ -189,6 +189,14 @@ pub(crate) fn on_hot_push(label_high_ns: u64) {
     let _ = label_high_ns;
 }
 
+#[inline]
+pub(crate) fn on_hot_end(label_high_ns: u64) {
+    #[cfg(spanprof_sampler)]
+    sys::on_hot_end(label_high_ns);
+    #[cfg(not(spanprof_sampler))]
+    let _ = label_high_ns;
+}
+
 /// Counters of the sampler, summed over threads (including threads that ended).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SamplerStats {

@@ -33,7 +33,7 @@ mod wake;
 pub use alloc_counter::HandlerAllocCounter;
 #[cfg(spanprof_sampler)]
 pub(crate) use handler::{
-    in_signal_handler, install_handler, on_hot_push, set_enabled, uninstall_handler,
+    in_signal_handler, install_handler, on_hot_end, on_hot_push, set_enabled, uninstall_handler,
 };
 #[cfg(feature = "testing")]
 pub use quarantine::{POISON_BYTE, QuarantineAlloc};
