@@ -27,6 +27,10 @@
 //! scheduled send time) beside it. Ratios are paired within a round (mode / stack);
 //! the JSON reports their median over rounds and a 95 % bootstrap interval of it.
 //!
+//! With `--concurrent`, each round loads every server at the same time instead, each
+//! at 1/n of the rate (n servers): the machine's other load then falls on every mode
+//! alike within a round, which narrows the paired ratios (docs/benchmarks.md).
+//!
 //! With `--modes baseline,baseline-nospans,baseline-nohooks` it runs `stack` and the
 //! listed modes only, including ablations of `baseline` (no tracing integration, no
 //! `SpanProfileLayer`, no `SpanProfileProcessor`, no runtime hooks) that show where
@@ -484,6 +488,51 @@ struct Series {
     by_thread: std::collections::BTreeMap<String, Vec<f64>>,
 }
 
+impl Series {
+    /// Adds one round of server `s`: its CPU (process and by thread) read `before`
+    /// the load and now, divided by the requests the load `o` got answered.
+    fn record(
+        &mut self,
+        s: &mut Server,
+        before: (std::collections::BTreeMap<String, f64>, u64),
+        o: LoadOutcome,
+        round: usize,
+        w: &str,
+        quiet: bool,
+    ) {
+        let (threads0, cpu0) = before;
+        let cpu = (s.cpu_ns() - cpu0) as f64 / 1e3;
+        for (name, t1) in s.cpu_by_thread() {
+            let t0 = threads0.get(&name).copied().unwrap_or(0.0);
+            self.by_thread
+                .entry(name)
+                .or_default()
+                .push((t1 - t0) * 1e6 / o.requests.max(1.0));
+        }
+        self.cpu_us_per_req.push(cpu / o.requests.max(1.0));
+        self.p50_us.push(o.p50_us);
+        self.p99_us.push(o.p99_us);
+        self.requests.push(o.requests);
+        self.errors += o.errors;
+        self.skipped += o.skipped;
+        if !quiet {
+            eprintln!(
+                "round {round:>2} {w:<8} {:<9} {:>7.1} µs CPU/req, p50 {:>6.0} µs, p99 {:>6.0} µs, {} req{}",
+                s.mode,
+                cpu / o.requests.max(1.0),
+                o.p50_us,
+                o.p99_us,
+                o.requests,
+                if o.errors + o.skipped > 0.0 {
+                    format!(", {} errors, {} skipped", o.errors, o.skipped)
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
+}
+
 fn coordinate() {
     let rounds: usize = arg("--rounds").map_or(15, |s| s.parse().expect("--rounds N"));
     let secs: f64 = arg("--round-secs").map_or(2.0, |s| s.parse().expect("--round-secs S"));
@@ -495,6 +544,7 @@ fn coordinate() {
         .collect();
     let anchor = arg("--anchor").filter(|p| std::path::Path::new(p).exists());
     let quiet = flag("--json");
+    let concurrent = flag("--concurrent");
     let exe = std::env::current_exe().unwrap();
 
     // The sink both profilers push to: answers everything 200 and forgets it.
@@ -573,43 +623,36 @@ fn coordinate() {
     for round in 0..rounds {
         for (wi, w) in workloads.iter().enumerate() {
             let n = servers.len();
+            if concurrent {
+                // Every server at once, each at 1/n of the rate: whatever else the
+                // machine does in this window, every mode shares it.
+                let before: Vec<_> = servers
+                    .iter_mut()
+                    .map(|s| (s.cpu_by_thread(), s.cpu_ns()))
+                    .collect();
+                let rate = rates[wi].1 / n as f64;
+                let outcomes: Vec<LoadOutcome> = std::thread::scope(|scope| {
+                    let loads: Vec<_> = servers
+                        .iter()
+                        .map(|s| {
+                            let (exe, url) = (&exe, &s.url);
+                            scope.spawn(move || run_load(exe, url, w, secs, ("--rate", rate)))
+                        })
+                        .collect();
+                    loads.into_iter().map(|h| h.join().unwrap()).collect()
+                });
+                for (si, (o, b)) in outcomes.into_iter().zip(before).enumerate() {
+                    let e = &mut series[wi][si];
+                    e.record(&mut servers[si], b, o, round, w, quiet);
+                }
+                continue;
+            }
             for k in 0..n {
                 let si = (round + k) % n;
                 let s = &mut servers[si];
-                let threads0 = s.cpu_by_thread();
-                let cpu0 = s.cpu_ns();
+                let before = (s.cpu_by_thread(), s.cpu_ns());
                 let o = run_load(&exe, &s.url, w, secs, ("--rate", rates[wi].1));
-                let cpu = (s.cpu_ns() - cpu0) as f64 / 1e3;
-                let threads1 = s.cpu_by_thread();
-                let e = &mut series[wi][si];
-                for (name, t1) in threads1 {
-                    let t0 = threads0.get(&name).copied().unwrap_or(0.0);
-                    e.by_thread
-                        .entry(name)
-                        .or_default()
-                        .push((t1 - t0) * 1e6 / o.requests.max(1.0));
-                }
-                e.cpu_us_per_req.push(cpu / o.requests.max(1.0));
-                e.p50_us.push(o.p50_us);
-                e.p99_us.push(o.p99_us);
-                e.requests.push(o.requests);
-                e.errors += o.errors;
-                e.skipped += o.skipped;
-                if !quiet {
-                    eprintln!(
-                        "round {round:>2} {w:<8} {:<9} {:>7.1} µs CPU/req, p50 {:>6.0} µs, p99 {:>6.0} µs, {} req{}",
-                        s.mode,
-                        cpu / o.requests.max(1.0),
-                        o.p50_us,
-                        o.p99_us,
-                        o.requests,
-                        if o.errors + o.skipped > 0.0 {
-                            format!(", {} errors, {} skipped", o.errors, o.skipped)
-                        } else {
-                            String::new()
-                        }
-                    );
-                }
+                series[wi][si].record(s, before, o, round, w, quiet);
             }
         }
     }
@@ -675,6 +718,7 @@ fn coordinate() {
     out.insert("rounds".into(), rounds.into());
     out.insert("round_secs".into(), secs.into());
     out.insert("load_fraction".into(), load_frac.into());
+    out.insert("concurrent".into(), concurrent.into());
     out.insert(
         "cpu_unit".into(),
         "µs of server process CPU per request".into(),
