@@ -64,9 +64,11 @@ const MODES: [&str; 5] = ["none", "stack", "baseline", "hot10", "pyroscope"];
 /// Ablations of `baseline`, for `--modes` (where spanprof's cost per request goes):
 /// without the tracing integration (`SpanProfileLayer` and `SpanProfileProcessor`),
 /// without `SpanProfileLayer` only, without `SpanProfileProcessor` only, and without
-/// the runtime hooks.
+/// the runtime hooks; and `baseline-sampling`, the profiler (99 Hz, hooks, Pyroscope
+/// push) with none of the per-request integration: what sampling alone costs.
 /// `stack-again` is a second server identical to `stack`: an A/A control of the method.
-const ABLATIONS: [&str; 5] = [
+const ABLATIONS: [&str; 6] = [
+    "baseline-sampling",
     "baseline-nospans",
     "baseline-nolayer",
     "baseline-noprocessor",
@@ -129,6 +131,7 @@ fn serve(mode: &str, sink: &str) {
     }
     let rate = match mode {
         "baseline"
+        | "baseline-sampling"
         | "baseline-nospans"
         | "baseline-nolayer"
         | "baseline-noprocessor"
@@ -136,7 +139,8 @@ fn serve(mode: &str, sink: &str) {
         "hot10" => 0.1,
         other => panic!("unknown mode {other}"),
     };
-    let spans = mode != "baseline-nospans";
+    let correlate = mode != "baseline-sampling";
+    let spans = correlate && mode != "baseline-nospans";
     let hooks = mode != "baseline-nohooks";
     let processor = spans && mode != "baseline-noprocessor";
     let span_layer = spans && mode != "baseline-nolayer";
@@ -173,11 +177,16 @@ fn serve(mode: &str, sink: &str) {
         spanprof::install_runtime_hooks(&mut builder);
     }
     let rt = builder.build().expect("runtime");
-    service::serve(
-        &rt,
-        app.layer(layer).layer(TraceLayer::new_for_http()),
-        process_cpu_ns,
-    );
+    if correlate {
+        service::serve(
+            &rt,
+            app.layer(layer).layer(TraceLayer::new_for_http()),
+            process_cpu_ns,
+        );
+    } else {
+        drop(layer);
+        service::serve(&rt, app.layer(TraceLayer::new_for_http()), process_cpu_ns);
+    }
     // For diagnosis (the `overhead` parent does not read it): how many signals were
     // samples, and how many perf signals landed in cold work.
     eprintln!("{mode}: {:?}", profiler.sampler_stats());
