@@ -11,8 +11,16 @@ whose CPU per request changed most. perf's own sampling cost is in every mode al
 
     cargo build --release -p spanprof-bench --bin overhead
     python3 benches/perf_servers.py 4000 8 stack baseline
+
+With `--concurrent` (first argument) every mode runs at the same time, each
+recorded by its own `perf` while its own load sends RATE / n requests per second: the
+machine's other load then falls on every mode alike, and the differences between
+modes are not run-to-run noise (see `overhead --concurrent`).
+
+    python3 benches/perf_servers.py --concurrent 4000 8 baseline-sampling baseline-nospans
 """
 import collections
+import concurrent.futures
 import re
 import subprocess
 import sys
@@ -21,25 +29,31 @@ import tempfile
 EXE = "target/release/overhead"
 
 
-def record(mode, rate, seconds, outdir):
-    data = f"{outdir}/{mode}.data"
+def start(mode):
+    """Starts a server and warms it up; returns (process, url)."""
     server = subprocess.Popen(
         [EXE, "serve", "--mode", mode, "--sink", "http://127.0.0.1:9"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     url = f"http://127.0.0.1:{server.stdout.readline().split()[1]}"
+    load(url, "--secs", "3", "--concurrency", "8")
+    return server, url
 
-    def load(*args):
-        res = subprocess.run([EXE, "load", "--url", url, "--workload", "json", *args],
-                             capture_output=True, text=True, check=True)
-        return int(res.stdout.split()[0])
 
-    load("--secs", "3", "--concurrency", "8")
-    perf = subprocess.Popen(
+def load(url, *args):
+    res = subprocess.run([EXE, "load", "--url", url, "--workload", "json", *args],
+                         capture_output=True, text=True, check=True)
+    return int(res.stdout.split()[0])
+
+
+def perf_start(server, data, seconds):
+    return subprocess.Popen(
         ["perf", "record", "-q", "-e", "cpu-clock", "-F", "1999", "-g",
          "-p", str(server.pid), "-o", data, "--", "sleep", str(seconds + 1)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    requests = load("--secs", str(seconds), "--rate", str(rate))
-    perf.wait()
+
+
+def report(server, data, requests):
+    """Stops the server; returns its sampled CPU per request by (side, function)."""
     server.stdin.close()
     server.wait(timeout=60)
     out = subprocess.run(
@@ -55,10 +69,38 @@ def record(mode, rate, seconds, outdir):
     return requests, by_fn
 
 
+def record(mode, rate, seconds, outdir):
+    server, url = start(mode)
+    data = f"{outdir}/{mode}.data"
+    perf = perf_start(server, data, seconds)
+    requests = load(url, "--secs", str(seconds), "--rate", str(rate))
+    perf.wait()
+    return report(server, data, requests)
+
+
+def record_concurrently(modes, rate, seconds, outdir):
+    started = [start(m) for m in modes]
+    perfs = [perf_start(s, f"{outdir}/{m}.data", seconds) for m, (s, _) in zip(modes, started)]
+    with concurrent.futures.ThreadPoolExecutor(len(modes)) as pool:
+        counts = list(pool.map(
+            lambda su: load(su[1], "--secs", str(seconds), "--rate", str(rate / len(modes))),
+            started))
+    for p in perfs:
+        p.wait()
+    return {m: report(s, f"{outdir}/{m}.data", n)
+            for m, (s, _), n in zip(modes, started, counts)}
+
+
 def main():
-    rate, seconds, modes = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
+    args = sys.argv[1:]
+    together = args[:1] == ["--concurrent"]
+    args = args[1:] if together else args
+    rate, seconds, modes = float(args[0]), float(args[1]), args[2:]
     with tempfile.TemporaryDirectory() as outdir:
-        results = {m: record(m, rate, seconds, outdir) for m in modes}
+        if together:
+            results = record_concurrently(modes, rate, seconds, outdir)
+        else:
+            results = {m: record(m, rate, seconds, outdir) for m in modes}
     print("mode: requests; sampled µs of CPU per request: user, kernel; "
           "spanprof's own functions")
     for m, (n, f) in results.items():
