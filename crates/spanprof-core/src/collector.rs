@@ -152,14 +152,17 @@ impl Collector {
                     // would wake it for nothing. It sleeps its interval, or until a
                     // signal handler finds its ring half full, or until `shutdown`.
                     loop {
-                        // Read before `stop`: a shutdown after this read changes
-                        // the word, so the wait below returns at once.
+                        // Read before the pass: a request made after this read
+                        // (a ring reaching half full, or `shutdown`, which sets
+                        // `stop` first) changes the word, so the wait returns at
+                        // once; one made before it is covered by the pass, which
+                        // empties every ring.
                         let seen = sys::drain_requests();
+                        shared.drain();
                         if shared.lock().stop {
                             break;
                         }
                         sys::wait_for_drain_request(seen, interval);
-                        shared.drain();
                     }
                 })
                 .expect("spawn the spanprof drain thread")

@@ -64,7 +64,7 @@ impl Drop for SpanLabels {
 /// rate unless the work it is polling is hot too (`sys::on_hot_end`).
 fn end(record: &LabelRecord) {
     if record.end() {
-        crate::threads::on_hot_end(record.high_ns);
+        crate::threads::on_hot_end();
     }
 }
 

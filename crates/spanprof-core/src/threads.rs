@@ -190,11 +190,9 @@ pub(crate) fn on_hot_push(label_high_ns: u64) {
 }
 
 #[inline]
-pub(crate) fn on_hot_end(label_high_ns: u64) {
+pub(crate) fn on_hot_end() {
     #[cfg(spanprof_sampler)]
-    sys::on_hot_end(label_high_ns);
-    #[cfg(not(spanprof_sampler))]
-    let _ = label_high_ns;
+    sys::on_hot_end();
 }
 
 /// Counters of the sampler, summed over threads (including threads that ended).

@@ -2,7 +2,8 @@
 //!
 //! Async-signal-safe by construction: it touches only thread-locals initialised at
 //! compile time, atomics, the preallocated ring of its own thread, and the
-//! async-signal-safe calls `clock_gettime`, `timer_settime` and `ioctl`. No
+//! async-signal-safe calls `clock_gettime`, `timer_settime`, `ioctl` and `futex`
+//! (waking the drain thread when the ring is half full, `sys/wake.rs`). No
 //! allocation, no lock, no panic (every index is bounds-checked by construction and
 //! the arithmetic saturates), and errno is saved and restored.
 
@@ -105,13 +106,21 @@ pub(crate) fn on_hot_push(label_high_ns: u64) {
 /// took 0.7 of them per hot request. Costs one `ioctl` and one thread CPU clock
 /// read, only when the event is armed.
 ///
-/// The kernel keeps what is left of the event's interval and resumes it at the next
-/// refresh, so the CPU of successive hot spans adds up toward one random interval
-/// however short each span is: drawing afresh at each arm would never sample work
-/// shorter than [`MIN_PERF_INTERVAL_NS`]. `label_high_ns` is the ending work's
-/// period, which that interval was drawn for.
+/// The event is *paused*: the kernel keeps what is left of its interval, and the
+/// next hot push resumes it with `ENABLE` (`go_high`), so the CPU of successive hot
+/// spans adds up toward one random interval however short each span is (drawing
+/// afresh at each arm would never sample work shorter than
+/// [`MIN_PERF_INTERVAL_NS`]), and the sample that ends it keeps the mean it was drawn
+/// with. The one-shot budget is unspent while paused, which is why the resume must
+/// not `REFRESH`: that would add to it, and the event would stop turning itself off
+/// at its overflows. If an overflow came first, its signal has been handled as cold
+/// by the time the `ioctl` returns (the kernel delivers it then at the latest): the
+/// event is off with its budget spent and the next interval drawn, and nothing is
+/// paused. A slow promotion by a tick in between (the handler arming the event just
+/// before it is stopped here) leaves it off while marked armed, until the next tick
+/// finds no perf sample and re-arms it.
 #[cold]
-pub(crate) fn on_hot_end(label_high_ns: u64) {
+pub(crate) fn on_hot_end() {
     let ts = THREAD.with(|t| t.get());
     if ts.is_null() {
         return;
@@ -129,12 +138,14 @@ pub(crate) fn on_hot_end(label_high_ns: u64) {
     if !current.is_null() && unsafe { &*current }.is_hot() {
         return;
     }
-    // A signal from here on finds the event off: a perf overflow is then treated as
-    // cold (it is) and draws the next interval itself, a tick is a baseline sample.
+    let cold_before = ts.perf_cold.load(Ordering::Relaxed);
     ts.perf_armed.store(false, Ordering::Relaxed);
     perf::disable(fd);
-    // What is left of the interval, for the next sample's dead-time estimate: the
-    // event has counted this thread's CPU since it was armed.
+    if ts.perf_cold.load(Ordering::Relaxed) != cold_before {
+        return;
+    }
+    // Paused. What is left of the interval, for the next sample's dead-time
+    // estimate: the event has counted this thread's CPU since it was armed.
     let counted =
         super::thread_cpu_ns().saturating_sub(ts.perf_armed_at_ns.load(Ordering::Relaxed));
     let left = ts
@@ -142,9 +153,7 @@ pub(crate) fn on_hot_end(label_high_ns: u64) {
         .load(Ordering::Relaxed)
         .saturating_sub(counted);
     ts.perf_interval_ns.store(left, Ordering::Relaxed);
-    // The next hot push resumes it rather than drawing another.
-    ts.perf_preset_ns
-        .store(high_period(ts, label_high_ns), Ordering::Relaxed);
+    ts.perf_paused.store(true, Ordering::Relaxed);
 }
 
 /// The high period for work whose labels ask for `label_high_ns` (0: the profiler's).
@@ -180,15 +189,25 @@ fn go_high(ts: &ThreadSampler, label_high_ns: u64) {
         {
             // Grace: the next timer tick must not take the fresh event for a lost one.
             ts.perf_since_tick.store(1, Ordering::Relaxed);
-            // The handler that disarmed the event drew the next interval already
-            // (for the profiler's high period); draw one here only for another rate.
-            if ts.perf_preset_ns.swap(0, Ordering::Relaxed) != period {
+            // A paused event resumes the interval it was counting, with the mean it
+            // was drawn with (`on_hot_end`). Otherwise the handler that disarmed the
+            // event drew the next interval already (for the profiler's high period);
+            // draw one here only for another rate.
+            let paused = ts.perf_paused.swap(false, Ordering::Relaxed);
+            if ts.perf_preset_ns.swap(0, Ordering::Relaxed) != period && !paused {
                 let interval = exp_interval(ts, period).max(MIN_PERF_INTERVAL_NS);
                 perf::set_period(fd, interval);
                 ts.perf_interval_ns.store(interval, Ordering::Relaxed);
+                ts.perf_nominal_ns.store(period, Ordering::Relaxed);
             }
-            ts.perf_nominal_ns.store(period, Ordering::Relaxed);
-            if perf::refresh(fd) {
+            // ENABLE keeps the one-shot budget a pause left unspent; REFRESH gives a
+            // spent one back. Either way the event turns itself off at its overflow.
+            let armed = if paused {
+                perf::enable(fd)
+            } else {
+                perf::refresh(fd)
+            };
+            if armed {
                 ts.perf_armed_at_ns
                     .store(super::thread_cpu_ns(), Ordering::Relaxed);
             } else {
@@ -262,6 +281,7 @@ fn perf_sample(ts: &ThreadSampler, hot: bool, label_high_ns: u64) -> Option<u64>
         let interval = exp_interval(ts, period).max(MIN_PERF_INTERVAL_NS);
         if perf::set_period(fd, interval) {
             ts.perf_interval_ns.store(interval, Ordering::Relaxed);
+            ts.perf_nominal_ns.store(period, Ordering::Relaxed);
             ts.perf_preset_ns.store(period, Ordering::Relaxed);
         }
         ts.perf_cold.fetch_add(1, Ordering::Relaxed);

@@ -15,6 +15,7 @@ pub(super) const FLAG_DISABLED: u64 = 1 << 0;
 pub(super) const FLAG_EXCLUDE_KERNEL: u64 = 1 << 5;
 pub(super) const FLAG_EXCLUDE_HV: u64 = 1 << 6;
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
+const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
 const PERF_EVENT_IOC_DISABLE: libc::c_ulong = 0x2401;
 const PERF_EVENT_IOC_REFRESH: libc::c_ulong = 0x2402;
 const PERF_EVENT_IOC_PERIOD: libc::c_ulong = 0x4008_2404;
@@ -121,6 +122,14 @@ pub(crate) fn set_period(fd: i32, period_ns: u64) -> bool {
     // SAFETY: `fd` is an open perf event fd; PERF_EVENT_IOC_PERIOD reads a u64 through
     // the pointer, which points at a live local.
     unsafe { libc::ioctl(fd, PERF_EVENT_IOC_PERIOD as _, &period as *const u64) == 0 }
+}
+
+/// Restarts an event stopped by [`disable`], leaving its overflow budget (what
+/// [`refresh`] adds to) as it was. Async-signal-safe (one ioctl).
+#[inline]
+pub(crate) fn enable(fd: i32) -> bool {
+    // SAFETY: as in `refresh`.
+    unsafe { libc::ioctl(fd, PERF_EVENT_IOC_ENABLE as _, 0 as libc::c_int) == 0 }
 }
 
 /// Stops the event (no more signals until refreshed).

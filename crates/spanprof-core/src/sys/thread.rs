@@ -37,6 +37,10 @@ pub(crate) struct ThreadSampler {
     /// Perf mode: the mean for which the next interval was already set in the kernel
     /// while the event was off (0: none; the next arm sets one).
     pub(crate) perf_preset_ns: AtomicU64,
+    /// Perf mode: the event was turned off by a hot span's end before its interval
+    /// ran out (`on_hot_end`): its one-shot budget is unspent, so the next arm
+    /// resumes it with ENABLE, not REFRESH (which would add to the budget).
+    pub(crate) perf_paused: AtomicBool,
     /// Perf mode: the interval programmed at the last arm (or preset), ns.
     pub(crate) perf_interval_ns: AtomicU64,
     /// Perf mode: the thread's CPU time when the event was last armed, ns.
@@ -93,6 +97,7 @@ impl ThreadSampler {
             current_period_ns: AtomicU64::new(0),
             perf_nominal_ns: AtomicU64::new(0),
             perf_preset_ns: AtomicU64::new(0),
+            perf_paused: AtomicBool::new(false),
             perf_interval_ns: AtomicU64::new(0),
             perf_armed_at_ns: AtomicU64::new(0),
             perf_dead_avg_ns: AtomicU64::new(0),
@@ -141,6 +146,7 @@ impl ThreadSampler {
         self.current_period_ns.store(baseline_ns, Ordering::Relaxed);
         self.perf_nominal_ns.store(high_ns, Ordering::Relaxed);
         self.perf_preset_ns.store(0, Ordering::Relaxed);
+        self.perf_paused.store(false, Ordering::Relaxed);
         self.perf_interval_ns.store(high_ns, Ordering::Relaxed);
         if use_perf {
             match perf::open(self.tid, high_ns, handler::SIGNAL) {
