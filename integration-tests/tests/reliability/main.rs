@@ -134,19 +134,26 @@ fn a_ring_half_full_is_drained_before_the_interval() {
     profiler.stop();
 }
 
-/// Hot work whose span ends stops its thread's perf event, so the cold work after it
-/// takes no high-rate signal: each such signal costs a delivery and a re-arm (about
-/// 30 µs on a KVM guest) for no sample. The overhead benchmark's `hot10` server took
-/// 0.7 of them per hot request (docs/benchmarks.md).
-#[test]
-fn hot_work_that_ends_leaves_no_high_rate_signal_in_cold_work() {
-    let _s = support::serial();
+/// A profiler whose high rate (1 kHz) runs on perf events, which the tests of the
+/// pause at a span's end need.
+fn perf_profiler_at_1khz() -> Profiler {
     let profiler = Profiler::builder().high_hz(1000).start().expect("profiler");
     assert_eq!(
         profiler.capabilities().mechanism,
         spanprof::Mechanism::PerfEvent,
         "this test needs perf events (kernel.perf_event_paranoid <= 2)"
     );
+    profiler
+}
+
+/// Hot work whose span ends pauses its thread's perf event, so the cold work after it
+/// takes no high-rate signal: each such signal costs a delivery and a re-arm (about
+/// 30 µs on a KVM guest) for no sample. The overhead benchmark's `hot10` server took
+/// 0.7 of them per hot request (docs/benchmarks.md).
+#[test]
+fn hot_work_that_ends_leaves_no_high_rate_signal_in_cold_work() {
+    let _s = support::serial();
+    let profiler = perf_profiler_at_1khz();
     std::thread::spawn(|| {
         spanprof::register_current_thread();
         for i in 0..20 {
@@ -178,12 +185,7 @@ fn hot_work_that_ends_leaves_no_high_rate_signal_in_cold_work() {
 #[test]
 fn ended_hot_spans_do_not_leave_the_event_firing_in_cold_work() {
     let _s = support::serial();
-    let profiler = Profiler::builder().high_hz(1000).start().expect("profiler");
-    assert_eq!(
-        profiler.capabilities().mechanism,
-        spanprof::Mechanism::PerfEvent,
-        "this test needs perf events (kernel.perf_event_paranoid <= 2)"
-    );
+    let profiler = perf_profiler_at_1khz();
     let p = profiler.clone();
     let cold_signals = std::thread::spawn(move || {
         spanprof::register_current_thread();
