@@ -109,6 +109,10 @@ def main():
         own = sum(v for (_, fn), v in f.items()
                   if "spanprof" in fn and "spanprof_bench" not in fn)
         print(f"  {m}: {n}; {user:.1f}, {kernel:.1f}; {own:.2f}")
+        mine = sorted(((v, fn) for (_, fn), v in f.items()
+                       if "spanprof" in fn and "spanprof_bench" not in fn), reverse=True)
+        for v, fn in mine[:8]:
+            print(f"      {v:5.2f}  {fn[:130]}")
     _, a = results[modes[0]]
     for m in modes[1:]:
         _, b = results[m]

@@ -66,9 +66,17 @@ const MODES: [&str; 5] = ["none", "stack", "baseline", "hot10", "pyroscope"];
 /// without `SpanProfileLayer` only, without `SpanProfileProcessor` only, and without
 /// the runtime hooks; and `baseline-sampling`, the profiler (99 Hz, hooks, Pyroscope
 /// push) with none of the per-request integration: what sampling alone costs.
+/// `baseline-passthrough` is `baseline-sampling` with a layer that does nothing in
+/// the correlation layer's place (it wraps the response body as that one does).
+/// `baseline-sampling-noperf` is `baseline-sampling` without the per-thread perf
+/// events (the CPU timer alone). `baseline-disabled` is `baseline-nospans` with every route disabled (the layer
+/// names each request and looks up its policy, then labels nothing).
 /// `stack-again` is a second server identical to `stack`: an A/A control of the method.
-const ABLATIONS: [&str; 6] = [
+const ABLATIONS: [&str; 9] = [
     "baseline-sampling",
+    "baseline-passthrough",
+    "baseline-sampling-noperf",
+    "baseline-disabled",
     "baseline-nospans",
     "baseline-nolayer",
     "baseline-noprocessor",
@@ -132,6 +140,9 @@ fn serve(mode: &str, sink: &str) {
     let rate = match mode {
         "baseline"
         | "baseline-sampling"
+        | "baseline-sampling-noperf"
+        | "baseline-passthrough"
+        | "baseline-disabled"
         | "baseline-nospans"
         | "baseline-nolayer"
         | "baseline-noprocessor"
@@ -139,8 +150,8 @@ fn serve(mode: &str, sink: &str) {
         "hot10" => 0.1,
         other => panic!("unknown mode {other}"),
     };
-    let correlate = mode != "baseline-sampling";
-    let spans = correlate && mode != "baseline-nospans";
+    let correlate = !mode.starts_with("baseline-sampling") && mode != "baseline-passthrough";
+    let spans = correlate && !matches!(mode, "baseline-nospans" | "baseline-disabled");
     let hooks = mode != "baseline-nohooks";
     let processor = spans && mode != "baseline-noprocessor";
     let span_layer = spans && mode != "baseline-nolayer";
@@ -148,6 +159,7 @@ fn serve(mode: &str, sink: &str) {
     let profiler = spanprof::Profiler::builder()
         .baseline_hz(99)
         .high_hz(1000)
+        .use_perf_events(mode != "baseline-sampling-noperf")
         .start()
         .expect("profiler");
     let provider = if processor {
@@ -163,7 +175,14 @@ fn serve(mode: &str, sink: &str) {
         .with(span_layer.then(SpanProfileLayer::new))
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("overhead")))
         .init();
-    let layer = ProfileCorrelationLayer::builder()
+    let mut layer = ProfileCorrelationLayer::builder();
+    if mode == "baseline-disabled" {
+        // The layer names and looks up every request, then labels none.
+        for route in ["/api/orders", "/checkout", "/cart/{id}"] {
+            layer = layer.disable_route(route);
+        }
+    }
+    let layer = layer
         .default_policy(RoutePolicy::new().sample_rate(rate))
         .profiler(profiler.clone())
         .build()
@@ -181,6 +200,18 @@ fn serve(mode: &str, sink: &str) {
         service::serve(
             &rt,
             app.layer(layer).layer(TraceLayer::new_for_http()),
+            process_cpu_ns,
+        );
+    } else if mode == "baseline-passthrough" {
+        // A layer that does nothing in the correlation layer's place, wrapping the
+        // response body as it does: what axum's per-route layering costs any layer.
+        drop(layer);
+        let pass = tower::util::MapResponseLayer::new(|r: axum::response::Response| {
+            r.map(|body| http_body_util::BodyExt::map_err(body, |e| e))
+        });
+        service::serve(
+            &rt,
+            app.layer(pass).layer(TraceLayer::new_for_http()),
             process_cpu_ns,
         );
     } else {

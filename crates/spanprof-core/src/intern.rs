@@ -20,8 +20,21 @@ pub const OVERFLOW_NAME: &str = "(other)";
 /// the route of the span that started the work.
 pub const DETACHED_SPAN_NAME: &str = "(detached)";
 
-/// An interned string id. 0 is the empty string, 1 is [`OVERFLOW_NAME`], 2 is
-/// [`DETACHED_SPAN_NAME`].
+/// A span name or route interned once, for labels built many times over: what
+/// [`crate::SpanLabelsBuilder::span_name_id`] and
+/// [`crate::SpanLabelsBuilder::route_id`] take, so a layer that names the same
+/// routes on every request interns each name once (a lookup under the interner's
+/// lock and a hash) instead of once per request.
+///
+/// Interning is bounded like [`crate::SpanLabelsBuilder::span_name`]: past
+/// [`crate::intern_stats`]'s `max_names`, new names read [`OVERFLOW_NAME`].
+///
+/// ```
+/// use spanprof_core::{NameId, SpanLabels};
+/// let name = NameId::intern("GET /cart/{id}");
+/// let labels = SpanLabels::builder().span_id(1).span_name_id(name).build();
+/// assert_eq!(&*labels.span_name(), "GET /cart/{id}");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NameId(pub(crate) u32);
 
@@ -29,6 +42,16 @@ impl NameId {
     pub(crate) const NONE: NameId = NameId(0);
     pub(crate) const OVERFLOW: NameId = NameId(1);
     pub(crate) const DETACHED: NameId = NameId(2);
+
+    /// The id of `name` (at most [`MAX_NAME_LEN`] bytes kept), interning it if new.
+    pub fn intern(name: &str) -> NameId {
+        intern(name)
+    }
+
+    /// The string this id stands for.
+    pub fn resolve(self) -> Arc<str> {
+        resolve(self)
+    }
 }
 
 struct Interner {

@@ -301,7 +301,14 @@ impl SpanLabelsBuilder {
         self
     }
 
-    pub(crate) fn route_id(mut self, route: NameId) -> Self {
+    /// Sets the span name interned before ([`NameId::intern`]): no interner lookup.
+    pub fn span_name_id(mut self, name: NameId) -> Self {
+        self.span_name = Some(name);
+        self
+    }
+
+    /// Sets the route interned before ([`NameId::intern`]): no interner lookup.
+    pub fn route_id(mut self, route: NameId) -> Self {
         self.route = Some(route);
         self
     }

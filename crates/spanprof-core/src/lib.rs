@@ -32,8 +32,8 @@ pub use hooks::{
     on_thread_stop,
 };
 pub use intern::{
-    DEFAULT_MAX_NAMES, DETACHED_SPAN_NAME, InternStats, MAX_NAME_LEN, OVERFLOW_NAME, intern_stats,
-    set_max_names,
+    DEFAULT_MAX_NAMES, DETACHED_SPAN_NAME, InternStats, MAX_NAME_LEN, NameId, OVERFLOW_NAME,
+    intern_stats, set_max_names,
 };
 pub use labels::{SpanLabels, SpanLabelsBuilder, current_labels};
 pub use poll::{LabelGuard, PollStats, PollTimer};

@@ -1,8 +1,6 @@
 //! Plain hyper 1.x servers: a `hyper::service::Service` wrapper whose closure names
 //! the route.
 
-use std::borrow::Cow;
-
 use crate::ProfileCorrelationLayer;
 use crate::layer::{Correlator, ProfiledBody, ResponseFuture};
 
@@ -57,8 +55,8 @@ where
     type Future = ResponseFuture<S::Future>;
 
     fn call(&self, request: http::Request<B>) -> Self::Future {
-        let route = (self.route)(&request).map(Cow::Owned);
-        let mut profile = self.correlator.begin(&request, route, true);
+        let route = (self.route)(&request);
+        let mut profile = self.correlator.begin(&request, route.as_deref(), true);
         let inner = match profile.as_mut() {
             Some(p) => p.poll(|| self.inner.call(request)),
             None => self.inner.call(request),

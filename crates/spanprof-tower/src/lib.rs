@@ -12,7 +12,7 @@ mod tracing_layer;
 pub mod hyper;
 
 pub use layer::{
-    DEFAULT_MAX_ROUTES, DefaultRoute, GrpcRoute, MakeRoute, ProfileCorrelation,
+    DEFAULT_MAX_ROUTES, DefaultRoute, GrpcRoute, MAX_MAX_ROUTES, MakeRoute, ProfileCorrelation,
     ProfileCorrelationLayer, ProfileCorrelationLayerBuilder, ProfiledBody, ResponseFuture,
     UNKNOWN_ROUTE, UNMATCHED_ROUTE, extract_trace_context,
 };

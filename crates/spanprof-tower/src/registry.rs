@@ -12,6 +12,12 @@ use crate::ProfileScope;
 /// Most spans tracked at once.
 pub const MAX_TRACKED_SPANS: usize = 65_536;
 
+/// The table is split by span id, each part behind its own lock on its own cache
+/// lines: a request is tracked and taken on the worker that serves it, and with one
+/// lock every request moved that lock's cache line between the workers.
+const SHARDS: usize = 16;
+const MAX_PER_SHARD: usize = MAX_TRACKED_SPANS / SHARDS;
+
 struct Tracked {
     /// foldhash rather than SipHash (with the route tables and the interner, 508
     /// fewer instructions per layered request, docs/benchmarks.md); the ids are the
@@ -20,12 +26,27 @@ struct Tracked {
     order: VecDeque<u64>,
 }
 
-static TRACKED: LazyLock<Mutex<Tracked>> = LazyLock::new(|| {
-    Mutex::new(Tracked {
-        by_id: HashMap::default(),
-        order: VecDeque::new(),
+/// One shard, alone on its cache lines.
+#[repr(align(128))]
+struct Shard(Mutex<Tracked>);
+
+static TRACKED: LazyLock<[Shard; SHARDS]> = LazyLock::new(|| {
+    std::array::from_fn(|_| {
+        Shard(Mutex::new(Tracked {
+            by_id: HashMap::default(),
+            order: VecDeque::new(),
+        }))
     })
 });
+
+fn shard(span_id: u64) -> std::sync::MutexGuard<'static, Tracked> {
+    // Span ids are random (OpenTelemetry's generator): their low bits spread evenly.
+    TRACKED[span_id as usize % SHARDS]
+        .0
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static EVICTED: AtomicU64 = AtomicU64::new(0);
 static SCOPE_ALL: AtomicBool = AtomicBool::new(false);
@@ -58,11 +79,11 @@ pub(crate) fn track(labels: &SpanLabels) {
     if !enabled() {
         return;
     }
-    let mut t = TRACKED.lock().unwrap_or_else(|e| e.into_inner());
+    let mut t = shard(labels.span_id());
     if t.by_id.insert(labels.span_id(), labels.clone()).is_none() {
         t.order.push_back(labels.span_id());
     }
-    while t.by_id.len() > MAX_TRACKED_SPANS {
+    while t.by_id.len() > MAX_PER_SHARD {
         let Some(old) = t.order.pop_front() else {
             break;
         };
@@ -71,7 +92,7 @@ pub(crate) fn track(labels: &SpanLabels) {
         }
     }
     // Keep the order queue from growing with ids already taken.
-    if t.order.len() > 2 * MAX_TRACKED_SPANS {
+    if t.order.len() > 2 * MAX_PER_SHARD {
         let Tracked { by_id, order } = &mut *t;
         order.retain(|id| by_id.contains_key(id));
     }
@@ -79,14 +100,38 @@ pub(crate) fn track(labels: &SpanLabels) {
 
 /// Takes the labels of an ending span.
 pub(crate) fn take(span_id: u64) -> Option<SpanLabels> {
-    TRACKED
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .by_id
-        .remove(&span_id)
+    shard(span_id).by_id.remove(&span_id)
 }
 
-/// Spans dropped from tracking because more than [`MAX_TRACKED_SPANS`] were live.
+/// Spans dropped from tracking because too many were live: more than
+/// [`MAX_TRACKED_SPANS`] in all, or more than a sixteenth of it among the spans
+/// whose ids share a shard of the table (the oldest of those goes first).
 pub fn tracking_evicted() -> u64 {
     EVICTED.load(Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tracking_stays_bounded_and_counts_what_it_evicts() {
+        enable();
+        let evicted = tracking_evicted();
+        let n = MAX_TRACKED_SPANS as u64 + 1000;
+        // Ids of this test's own (high bits set), spread over the shards.
+        let base = 0xfeed_0000_0000_0000u64;
+        for i in 0..n {
+            track(&SpanLabels::builder().span_id(base + i).build());
+        }
+        let held: usize = TRACKED
+            .iter()
+            .map(|s| s.0.lock().unwrap().by_id.len())
+            .sum();
+        assert!(held <= MAX_TRACKED_SPANS, "{held} spans held");
+        assert!(tracking_evicted() - evicted >= 1000);
+        // The newest is still there; the oldest went first.
+        assert!(take(base + n - 1).is_some());
+        assert!(take(base).is_none());
+    }
 }

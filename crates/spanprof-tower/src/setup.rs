@@ -127,8 +127,7 @@ impl RouteKeys {
         &self.keys
     }
 
-    /// One request of `route` (with its `method`).
-    #[inline]
+    /// The first request of `route` (with its `method`): marks the keys it matches.
     pub(crate) fn observe(&self, method: &str, route: &str) {
         if self.remaining.load(Ordering::Relaxed) == 0 {
             return;
@@ -141,11 +140,25 @@ impl RouteKeys {
                 self.remaining.fetch_sub(1, Ordering::Relaxed);
             }
         }
+    }
+
+    /// One request: the first [`REPORT_UNMATCHED_AFTER`] are counted (while some key
+    /// is unmatched), and after them the keys still unmatched are reported, once.
+    #[inline]
+    pub(crate) fn count_request(&self) {
+        if self.remaining.load(Ordering::Relaxed) == 0
+            || self.requests.load(Ordering::Relaxed) >= REPORT_UNMATCHED_AFTER
+        {
+            return;
+        }
         if self.requests.fetch_add(1, Ordering::Relaxed) + 1 == REPORT_UNMATCHED_AFTER {
             let unmatched = self.unmatched();
             if !unmatched.is_empty() {
                 tracing::warn!(
-                    "spanprof: route keys configured on ProfileCorrelationLayer matched none of its first                      {REPORT_UNMATCHED_AFTER} requests: {}. A key must be a route template exactly as the router has it                      (axum: \"/cart/{{id}}\"; gRPC: \"/package.Service/Method\"), optionally after an upper-case                      method (\"POST /checkout\"); requests of a route whose key does not match get the default policy.",
+                    "spanprof: route keys configured on ProfileCorrelationLayer matched none of its first \
+                     {REPORT_UNMATCHED_AFTER} requests: {}. A key must be a route template exactly as the router has it \
+                     (axum: \"/cart/{{id}}\"; gRPC: \"/package.Service/Method\"), optionally after an upper-case \
+                     method (\"POST /checkout\"); requests of a route whose key does not match get the default policy.",
                     unmatched.join(", ")
                 );
             }

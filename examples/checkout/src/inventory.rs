@@ -68,7 +68,7 @@ pub fn route<B>(req: &http::Request<B>) -> &'static str {
 struct InventoryRoute;
 
 impl<B> MakeRoute<B> for InventoryRoute {
-    fn make_route(&mut self, req: &http::Request<B>) -> Option<Cow<'static, str>> {
+    fn make_route<'a>(&mut self, req: &'a http::Request<B>) -> Option<Cow<'a, str>> {
         Some(Cow::Borrowed(route(req)))
     }
 }

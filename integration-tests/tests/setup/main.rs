@@ -185,7 +185,7 @@ fn a_span_without_opentelemetry_is_reported_once() {
 #[derive(Clone)]
 struct NoRoutes;
 impl<B> MakeRoute<B> for NoRoutes {
-    fn make_route(&mut self, _: &http::Request<B>) -> Option<Cow<'static, str>> {
+    fn make_route<'a>(&mut self, _: &'a http::Request<B>) -> Option<Cow<'a, str>> {
         None
     }
     fn names_http_routes(&self) -> bool {

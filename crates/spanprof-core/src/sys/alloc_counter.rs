@@ -6,6 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::handler::in_signal_handler;
 
+thread_local! {
+    // `const` and no `Drop`: reading it from the allocator never allocates.
+    static THIS_THREAD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 /// Wraps the system allocator and counts every allocation, reallocation or free made
 /// while the calling thread is inside spanprof's signal handler.
 ///
@@ -39,6 +44,19 @@ impl HandlerAllocCounter {
         self.total.load(Ordering::Relaxed)
     }
 
+    /// Allocations (`alloc`, `alloc_zeroed`, `realloc`; not frees) made so far by
+    /// the calling thread: what a piece of code allocates, measured around it, whatever
+    /// other threads do meanwhile.
+    pub fn allocations_on_this_thread(&self) -> u64 {
+        THIS_THREAD.with(std::cell::Cell::get)
+    }
+
+    #[inline]
+    fn count_allocation(&self) {
+        THIS_THREAD.with(|c| c.set(c.get() + 1));
+        self.count();
+    }
+
     #[inline]
     fn count(&self) {
         self.total.fetch_add(1, Ordering::Relaxed);
@@ -59,13 +77,13 @@ impl Default for HandlerAllocCounter {
 // thread-local, neither of which allocates.
 unsafe impl GlobalAlloc for HandlerAllocCounter {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        self.count();
+        self.count_allocation();
         // SAFETY: forwarded unchanged (see the impl's comment).
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        self.count();
+        self.count_allocation();
         // SAFETY: forwarded unchanged.
         unsafe { System.alloc_zeroed(layout) }
     }
@@ -77,7 +95,7 @@ unsafe impl GlobalAlloc for HandlerAllocCounter {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        self.count();
+        self.count_allocation();
         // SAFETY: forwarded unchanged.
         unsafe { System.realloc(ptr, layout, new_size) }
     }

@@ -10,19 +10,31 @@ mod make_route;
 mod service;
 mod trace_context;
 
-use std::borrow::Cow;
 use std::sync::Arc;
 
 use spanprof_core::{Hotness, PollTimer, Profiler, SpanLabels};
 
 pub use future::{ProfiledBody, ResponseFuture};
 pub use make_route::{
-    DEFAULT_MAX_ROUTES, DefaultRoute, GrpcRoute, MakeRoute, UNKNOWN_ROUTE, UNMATCHED_ROUTE,
+    DEFAULT_MAX_ROUTES, DefaultRoute, GrpcRoute, MAX_MAX_ROUTES, MakeRoute, UNKNOWN_ROUTE,
+    UNMATCHED_ROUTE,
 };
 pub use service::ProfileCorrelation;
 pub use trace_context::extract_trace_context;
 
 use crate::policy::{ConfigError, Policies, PolicyConfig, ProfileScope, RoutePolicy};
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_service_clones_one_reference_count() {
+        // axum clones a route's service per request: the correlator must be one Arc.
+        assert_eq!(
+            std::mem::size_of::<super::Correlator>(),
+            std::mem::size_of::<usize>()
+        );
+    }
+}
 use crate::{registry, setup};
 
 /// A `tower::Layer` that attaches span-derived labels (trace id, span id, span name,
@@ -107,7 +119,7 @@ impl<R> ProfileCorrelationLayer<R> {
     /// Requests labelled [`UNKNOWN_ROUTE`] because this layer had already named its
     /// bound of distinct routes ([`ProfileCorrelationLayerBuilder::max_routes`]).
     pub fn unknown_routes(&self) -> u64 {
-        self.correlator.routes.unknown()
+        self.correlator.0.routes.unknown()
     }
 
     /// Route keys of this layer's configuration (per-route policies and disabled
@@ -115,7 +127,7 @@ impl<R> ProfileCorrelationLayer<R> {
     /// layer logs the ones still unmatched, once: a key that never matches is usually
     /// a typo or not the router's template (`/cart/{cart_id}` for `/cart/{id}`).
     pub fn unmatched_route_keys(&self) -> Vec<String> {
-        self.correlator.keys.unmatched()
+        self.correlator.0.keys.unmatched()
     }
 
     /// Replaces how routes are named (for example a closure for plain hyper servers).
@@ -186,7 +198,8 @@ impl ProfileCorrelationLayerBuilder {
     /// (counted: [`ProfileCorrelationLayer::unknown_routes`], with one warning). Names
     /// are never forgotten (see `spanprof::intern_stats`), so this keeps a client
     /// that makes up paths or gRPC methods from using them all. Defaults to
-    /// [`DEFAULT_MAX_ROUTES`] (512). At least 1.
+    /// [`DEFAULT_MAX_ROUTES`] (512). At least 1, at most [`MAX_MAX_ROUTES`] (65 536);
+    /// the layer's route table reserves 32 bytes per route of the bound.
     pub fn max_routes(mut self, max: usize) -> Self {
         self.max_routes = Some(max);
         self
@@ -254,6 +267,12 @@ impl ProfileCorrelationLayerBuilder {
         if max_routes == 0 {
             return Err(ConfigError::new("max_routes", "must be at least 1"));
         }
+        if max_routes > MAX_MAX_ROUTES {
+            return Err(ConfigError::new(
+                "max_routes",
+                "must be at most 65536 (MAX_MAX_ROUTES): past the interner's bound new names read (other) anyway",
+            ));
+        }
         registry::set_scope(scope);
         // quanta calibrates its clock on first use (milliseconds): here, not in the
         // first request.
@@ -265,24 +284,32 @@ impl ProfileCorrelationLayerBuilder {
             .cloned()
             .collect();
         Ok(ProfileCorrelationLayer {
-            correlator: Correlator {
-                keys: Arc::new(setup::RouteKeys::new(keys)),
-                policies: Arc::new(policies),
-                routes: Arc::new(make_route::RouteNames::new(max_routes)),
+            correlator: Correlator(Arc::new(CorrelatorState {
+                keys: setup::RouteKeys::new(keys),
+                policies,
+                routes: make_route::RouteTable::new(max_routes),
                 _profiler: profiler,
-            },
+            })),
             make_route: DefaultRoute,
         })
     }
 }
 
 /// The per-request decisions shared by the tower service and the hyper adapter.
+///
+/// One reference count: axum clones a route's service for every request (and tower's
+/// `Buffer` and others clone too), so each clone is one shared atomic increment, and
+/// its drop one decrement, whatever the layer holds.
 #[derive(Clone, Debug)]
-pub(crate) struct Correlator {
-    policies: Arc<Policies>,
+pub(crate) struct Correlator(Arc<CorrelatorState>);
+
+#[derive(Debug)]
+pub(crate) struct CorrelatorState {
+    policies: Policies,
     /// Which configured route keys requests have matched (set-up check).
-    keys: Arc<setup::RouteKeys>,
-    routes: Arc<make_route::RouteNames>,
+    keys: setup::RouteKeys,
+    /// Each route seen, with its names and policy.
+    routes: make_route::RouteTable,
     /// Keeps the profiler this layer was built against.
     _profiler: Option<Profiler>,
 }
@@ -315,21 +342,25 @@ impl Correlator {
     pub(crate) fn begin<B>(
         &self,
         request: &http::Request<B>,
-        route: Option<Cow<'static, str>>,
+        route: Option<&str>,
         names_routes: bool,
     ) -> Option<RequestProfile> {
+        let state = &*self.0;
         let grpc = make_route::is_grpc(request.headers());
-        let method = make_route::method_name(request.method());
         if route.is_none() && !grpc && !names_routes {
-            setup::check_route_keys_visible(self.keys.keys());
+            setup::check_route_keys_visible(state.keys.keys());
         }
-        let (route, span_name) = self.routes.admit(
-            method,
-            route.unwrap_or(Cow::Borrowed(UNMATCHED_ROUTE)),
-            grpc,
-        );
-        self.keys.observe(method, &route);
-        let policy = self.policies.lookup(method, &route)?;
+        let tag = make_route::method_tag(request.method(), grpc);
+        // Found without a lock or an allocation for a name seen before; decided (the
+        // names interned, the policy looked up, the configured keys matched) once.
+        let entry = state
+            .routes
+            .entry(tag, route.unwrap_or(UNMATCHED_ROUTE), |method, route| {
+                state.keys.observe(method, route);
+                state.policies.lookup(method, route).cloned()
+            });
+        state.keys.count_request();
+        let policy = entry.policy.as_ref()?;
         let trace = trace_context::current(request.headers());
         setup::check_trace_source(trace.source);
         let decision_id = if trace.trace_id != 0 {
@@ -343,8 +374,8 @@ impl Correlator {
             .span_id(trace.span_id)
             .parent_span_id(trace.parent_span_id)
             .root_span_id(trace.span_id)
-            .span_name(&span_name)
-            .route(&route)
+            .span_name_id(entry.span_name)
+            .route_id(entry.route)
             .hot(hot);
         if let Some(after) = policy.slow_after {
             b = b.slow_after(after);

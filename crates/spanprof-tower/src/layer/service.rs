@@ -38,9 +38,12 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let route = self.make_route.make_route(&request);
         let names_routes = self.make_route.names_http_routes();
-        let mut profile = self.correlator.begin(&request, route, names_routes);
+        let route = self.make_route.make_route(&request);
+        let mut profile = self
+            .correlator
+            .begin(&request, route.as_deref(), names_routes);
+        drop(route);
         // The inner service's own work in `call` is the request's too.
         let inner = match profile.as_mut() {
             Some(p) => p.poll(|| self.inner.call(request)),
