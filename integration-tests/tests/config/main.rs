@@ -106,3 +106,20 @@ fn a_duration_without_a_unit_is_refused_not_guessed() {
     assert!(build_json(r#"{"routes": {"/checkout": {"slow_after": 250}}}"#).is_ok());
     assert!(build_json(r#"{"routes": {"/checkout": {"slow_after": "250ms"}}}"#).is_ok());
 }
+
+#[test]
+fn max_routes_out_of_bounds_is_named() {
+    let build = |n| {
+        ProfileCorrelationLayer::builder()
+            .max_routes(n)
+            .build()
+            .map(drop)
+    };
+    assert_field(build(0), "max_routes", "at least 1");
+    assert_field(
+        build(spanprof_tower::MAX_MAX_ROUTES + 1),
+        "max_routes",
+        "at most 65536",
+    );
+    assert!(build(spanprof_tower::MAX_MAX_ROUTES).is_ok());
+}
