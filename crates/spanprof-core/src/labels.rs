@@ -60,8 +60,9 @@ impl Drop for SpanLabels {
     }
 }
 
-/// Ends the span of `record`. Hot work ending on this thread stops the thread's high
-/// rate unless the work it is polling is hot too (`sys::on_hot_end`).
+/// Ends the span of `record`. Hot work ending on this thread pauses the thread's high
+/// rate (its perf event keeps the rest of the interval for the next hot push) unless
+/// the work it is polling is hot too (`sys::on_hot_end`).
 fn end(record: &LabelRecord) {
     if record.end() {
         crate::threads::on_hot_end();
