@@ -31,6 +31,17 @@
 //! at 1/n of the rate (n servers): the machine's other load then falls on every mode
 //! alike within a round, which narrows the paired ratios (docs/benchmarks.md).
 //!
+//! With `--restarts K`, the rounds are split into K segments, each on freshly started
+//! server processes (the stack's rate is calibrated once): two identical server
+//! processes differ by up to ~1.5 % for their whole life, so a single set of
+//! processes biases every round alike. The interval then resamples segments, then
+//! rounds within them, and the JSON lists each segment's median
+//! (`ratio_MODE_segments`).
+//!
+//! With `--compare BINARY` another build of this binary (an earlier commit's) serves
+//! `--compare-mode` (default `baseline`) as one more mode, `compare`: a before/after
+//! measured side by side, in the same rounds.
+//!
 //! With `--modes baseline,baseline-nospans,baseline-nohooks` it runs `stack` and the
 //! listed modes only, including ablations of `baseline` (no tracing integration, no
 //! `SpanProfileLayer`, no `SpanProfileProcessor`, no runtime hooks) that show where
@@ -499,6 +510,42 @@ fn median(v: &[f64]) -> f64 {
 
 /// Median of `v` and the 95 % percentile-bootstrap interval of that median
 /// (10 000 resamples of the rounds, with replacement; fixed seed).
+/// The median of `v` and a 95 % bootstrap interval of it, resampling in two levels
+/// when the rounds ran on several sets of server processes (`segment[i]` is round
+/// i's): the segments with replacement, then the rounds within each. A process's own
+/// bias is then part of the interval, not hidden in it. With one segment this is
+/// [`median_ci`].
+fn median_ci_segments(v: &[f64], segment: &[usize]) -> (f64, f64, f64) {
+    let k = segment.iter().max().map_or(1, |m| m + 1);
+    if k == 1 {
+        return median_ci(v);
+    }
+    const RESAMPLES: usize = 10_000;
+    let by_segment: Vec<Vec<f64>> = (0..k)
+        .map(|g| {
+            v.iter()
+                .zip(segment)
+                .filter(|(_, s)| **s == g)
+                .map(|(x, _)| *x)
+                .collect()
+        })
+        .collect();
+    let mut rng = SplitMix64(0x005e_ed0f_0e12_4ead);
+    let mut meds: Vec<f64> = (0..RESAMPLES)
+        .map(|_| {
+            let mut s = Vec::with_capacity(v.len());
+            for _ in 0..k {
+                let g = &by_segment[rng.below(k)];
+                s.extend((0..g.len()).map(|_| g[rng.below(g.len())]));
+            }
+            median(&s)
+        })
+        .collect();
+    meds.sort_by(|a, b| a.total_cmp(b));
+    let q = |p: f64| meds[((RESAMPLES - 1) as f64 * p).round() as usize];
+    (median(v), q(0.025), q(0.975))
+}
+
 fn median_ci(v: &[f64]) -> (f64, f64, f64) {
     const RESAMPLES: usize = 10_000;
     let mut rng = SplitMix64(0x005e_ed0f_0e12_4ead);
@@ -583,8 +630,17 @@ fn coordinate() {
         .map(str::to_owned)
         .collect();
     let anchor = arg("--anchor").filter(|p| std::path::Path::new(p).exists());
+    // Another build of this binary (say, of an earlier commit), run as one more mode,
+    // `compare`, serving `--compare-mode` (default `baseline`): a before/after in one run.
+    let compare = arg("--compare");
+    let compare_mode = arg("--compare-mode").unwrap_or_else(|| "baseline".into());
     let quiet = flag("--json");
     let concurrent = flag("--concurrent");
+    let restarts: usize = arg("--restarts").map_or(1, |s| s.parse().expect("--restarts K"));
+    assert!(
+        (1..=rounds).contains(&restarts),
+        "--restarts must be 1 to --rounds"
+    );
     let exe = std::env::current_exe().unwrap();
 
     // The sink both profilers push to: answers everything 200 and forgets it.
@@ -617,30 +673,45 @@ fn coordinate() {
     };
     let stack_at = picked.iter().position(|m| *m == "stack").unwrap();
     assert_eq!(stack_at, usize::from(picked[0] == "none"));
-    let mut servers: Vec<Server> = picked
-        .iter()
-        .filter_map(|&mode| {
-            if mode == "pyroscope" {
-                let path = anchor.as_ref()?;
-                let mut cmd = Command::new(path);
-                cmd.args(["--sink", &sink]);
-                return Some(Server::start(mode, cmd));
+    // Every mode's server, started afresh for each of the `--restarts` segments.
+    let start_servers = || -> Vec<Server> {
+        let mut servers: Vec<Server> = picked
+            .iter()
+            .filter_map(|&mode| {
+                if mode == "pyroscope" {
+                    let path = anchor.as_ref()?;
+                    let mut cmd = Command::new(path);
+                    cmd.args(["--sink", &sink]);
+                    return Some(Server::start(mode, cmd));
+                }
+                let mut cmd = Command::new(&exe);
+                cmd.args(["serve", "--mode", mode, "--sink", &sink]);
+                Some(Server::start(mode, cmd))
+            })
+            .collect();
+        if let Some(path) = &compare {
+            let mut cmd = Command::new(path);
+            cmd.args(["serve", "--mode", &compare_mode, "--sink", &sink]);
+            servers.push(Server::start("compare", cmd));
+        }
+        servers
+    };
+    let warm_up = |servers: &[Server]| {
+        for w in &workloads {
+            for s in servers {
+                run_load(&exe, &s.url, w, 1.0, ("--concurrency", 8.0));
             }
-            let mut cmd = Command::new(&exe);
-            cmd.args(["serve", "--mode", mode, "--sink", &sink]);
-            Some(Server::start(mode, cmd))
-        })
-        .collect();
+        }
+    };
+    let mut servers = start_servers();
     if anchor.is_none() {
         eprintln!("no --anchor binary: the pyroscope-rs mode is left out");
     }
 
     // Warm every server up, then find the stack server's saturation per workload.
+    warm_up(&servers);
     let mut rates = Vec::new();
     for w in &workloads {
-        for s in &servers {
-            run_load(&exe, &s.url, w, 1.0, ("--concurrency", 8.0));
-        }
         let sat = run_load(
             &exe,
             &servers[stack_at].url,
@@ -660,7 +731,17 @@ fn coordinate() {
 
     let mut series: Vec<Vec<Series>> =
         vec![vec![Series::default(); servers.len()]; workloads.len()];
+    // Which segment (set of server processes) each round ran on.
+    let segment_of = |round: usize| round * restarts / rounds;
     for round in 0..rounds {
+        if round > 0 && segment_of(round) != segment_of(round - 1) {
+            // Fresh processes: two identical servers differ by up to ~1.5 % for as
+            // long as they live (layout, placement), so one set of processes biases
+            // every round alike; several sets average that out.
+            drop(std::mem::take(&mut servers));
+            servers = start_servers();
+            warm_up(&servers);
+        }
         for (wi, w) in workloads.iter().enumerate() {
             let n = servers.len();
             if concurrent {
@@ -736,7 +817,20 @@ fn coordinate() {
                 .zip(&stack)
                 .map(|(a, b)| a / b)
                 .collect();
-            let (med, lo, hi) = median_ci(&r);
+            let segments: Vec<usize> = (0..r.len()).map(segment_of).collect();
+            let (med, lo, hi) = median_ci_segments(&r, &segments);
+            let per_segment: Vec<f64> = (0..restarts)
+                .map(|k| {
+                    let v: Vec<f64> = r
+                        .iter()
+                        .zip(&segments)
+                        .filter(|(_, sg)| **sg == k)
+                        .map(|(x, _)| *x)
+                        .collect();
+                    median(&v)
+                })
+                .collect();
+            m.insert(format!("ratio_{name}_segments"), per_segment.into());
             m.insert(format!("ratio_{name}"), med.into());
             m.insert(format!("ratio_{name}_lo"), lo.into());
             m.insert(format!("ratio_{name}_hi"), hi.into());
@@ -759,6 +853,7 @@ fn coordinate() {
     out.insert("round_secs".into(), secs.into());
     out.insert("load_fraction".into(), load_frac.into());
     out.insert("concurrent".into(), concurrent.into());
+    out.insert("restarts".into(), restarts.into());
     out.insert(
         "cpu_unit".into(),
         "µs of server process CPU per request".into(),

@@ -61,33 +61,26 @@ where
 
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
         let Some(span) = ctx.span(id) else { return };
-        let known = span.extensions().get::<Profiled>().is_some();
-        if !known {
-            // Decide once, at the first enter. The extensions lock is not held here:
-            // reading the OpenTelemetry context locks this span's data too.
-            let profiled = match spanprof_core::current_labels() {
-                None => Profiled::No,
-                Some(parent) => match own_span_context(id) {
-                    Some((sid, _)) if sid == parent.span_id() => Profiled::No,
-                    ids => {
-                        let (sid, otel, sampled) = match ids {
-                            Some((sid, sampled)) => (sid, true, sampled),
-                            None => (random_span_id(), false, false),
-                        };
-                        let labels = parent.child(sid, span.metadata().name());
-                        if otel && sampled {
-                            registry::track(&labels);
-                        }
-                        // Inner spans are promoted by the signal handler, from the
-                        // slow deadline they inherit.
-                        Profiled::Yes {
-                            labels,
-                            timer: PollTimer::new(None),
-                        }
-                    }
-                },
-            };
-            span.extensions_mut().insert(profiled);
+        // Most enters are of spans decided before, and most of those are not profiled
+        // (a request's own span is entered at every poll, before its labels are
+        // pushed): a read lock tells, and only profiled spans take the write lock.
+        let decided = span
+            .extensions()
+            .get::<Profiled>()
+            .map(|p| matches!(p, Profiled::Yes { .. }));
+        match decided {
+            Some(false) => return,
+            Some(true) => {}
+            None => {
+                // Decide once, at the first enter. The extensions lock is not held
+                // here: reading the OpenTelemetry context locks this span's data too.
+                let mut profiled = decide(id, span.metadata().name());
+                if let Profiled::Yes { labels, timer } = &mut profiled {
+                    timer.enter(labels);
+                }
+                span.extensions_mut().insert(profiled);
+                return;
+            }
         }
         let mut ext = span.extensions_mut();
         if let Some(Profiled::Yes { labels, timer }) = ext.get_mut::<Profiled>() {
@@ -97,11 +90,44 @@ where
 
     fn on_exit(&self, id: &Id, ctx: Context<'_, S>) {
         let Some(span) = ctx.span(id) else { return };
+        if !matches!(
+            span.extensions().get::<Profiled>(),
+            Some(Profiled::Yes { .. })
+        ) {
+            return;
+        }
         let mut ext = span.extensions_mut();
         if let Some(Profiled::Yes { labels, timer }) = ext.get_mut::<Profiled>() {
             // Publishes at every outermost exit: the span may end (and be exported)
             // before this layer hears of its close.
             timer.exit(labels);
+        }
+    }
+}
+
+/// Whether the span `id` (named `name`), entered for the first time, gets labels of
+/// its own: yes inside labelled work, unless it is the span those labels are for.
+fn decide(id: &Id, name: &str) -> Profiled {
+    let Some(parent) = spanprof_core::current_labels() else {
+        return Profiled::No;
+    };
+    match own_span_context(id) {
+        Some((sid, _)) if sid == parent.span_id() => Profiled::No,
+        ids => {
+            let (sid, otel, sampled) = match ids {
+                Some((sid, sampled)) => (sid, true, sampled),
+                None => (random_span_id(), false, false),
+            };
+            let labels = parent.child(sid, name);
+            if otel && sampled {
+                registry::track(&labels);
+            }
+            // Inner spans are promoted by the signal handler, from the slow deadline
+            // they inherit.
+            Profiled::Yes {
+                labels,
+                timer: PollTimer::new(None),
+            }
         }
     }
 }
