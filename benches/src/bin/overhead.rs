@@ -508,13 +508,14 @@ fn median(v: &[f64]) -> f64 {
     }
 }
 
-/// Median of `v` and the 95 % percentile-bootstrap interval of that median
-/// (10 000 resamples of the rounds, with replacement; fixed seed).
 /// The median of `v` and a 95 % bootstrap interval of it, resampling in two levels
 /// when the rounds ran on several sets of server processes (`segment[i]` is round
 /// i's): the segments with replacement, then the rounds within each. A process's own
 /// bias is then part of the interval, not hidden in it. With one segment this is
-/// [`median_ci`].
+/// [`median_ci`]. With few segments (five) such an interval is approximate (and
+/// counts the rounds' own spread twice, so it errs wide); the JSON lists each
+/// segment's median beside it, and the lowest and highest of five bound the median
+/// with about 94 % confidence without any resampling.
 fn median_ci_segments(v: &[f64], segment: &[usize]) -> (f64, f64, f64) {
     let k = segment.iter().max().map_or(1, |m| m + 1);
     if k == 1 {
@@ -546,6 +547,8 @@ fn median_ci_segments(v: &[f64], segment: &[usize]) -> (f64, f64, f64) {
     (median(v), q(0.025), q(0.975))
 }
 
+/// Median of `v` and the 95 % percentile-bootstrap interval of that median
+/// (10 000 resamples of the rounds, with replacement; fixed seed).
 fn median_ci(v: &[f64]) -> (f64, f64, f64) {
     const RESAMPLES: usize = 10_000;
     let mut rng = SplitMix64(0x005e_ed0f_0e12_4ead);

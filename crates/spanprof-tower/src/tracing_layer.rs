@@ -74,11 +74,16 @@ where
             None => {
                 // Decide once, at the first enter. The extensions lock is not held
                 // here: reading the OpenTelemetry context locks this span's data too.
-                let mut profiled = decide(id, span.metadata().name());
-                if let Profiled::Yes { labels, timer } = &mut profiled {
+                let profiled = decide(id, span.metadata().name());
+                let mut ext = span.extensions_mut();
+                // Another thread may have entered the span for the first time too and
+                // recorded its decision meanwhile: the first one recorded stands.
+                if ext.get_mut::<Profiled>().is_none() {
+                    ext.insert(profiled);
+                }
+                if let Some(Profiled::Yes { labels, timer }) = ext.get_mut::<Profiled>() {
                     timer.enter(labels);
                 }
-                span.extensions_mut().insert(profiled);
                 return;
             }
         }
@@ -150,4 +155,35 @@ fn own_span_context(id: &Id) -> Option<(u64, bool)> {
 
 fn random_span_id() -> u64 {
     u64::from_be_bytes(RandomIdGenerator::default().new_span_id().to_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use tracing_subscriber::prelude::*;
+
+    #[test]
+    fn a_span_first_entered_on_two_threads_at_once_is_decided_once() {
+        // Both threads can find the span undecided; the second to record its decision
+        // must not insert another (tracing-subscriber asserts an extension is new).
+        let subscriber = tracing_subscriber::registry().with(super::SpanProfileLayer::new());
+        let dispatch = tracing::Dispatch::new(subscriber);
+        for _ in 0..2000 {
+            let span =
+                tracing::dispatcher::with_default(&dispatch, || tracing::info_span!("shared"));
+            let start = std::sync::Barrier::new(2);
+            std::thread::scope(|s| {
+                let threads: Vec<_> = (0..2)
+                    .map(|_| {
+                        s.spawn(|| {
+                            start.wait();
+                            span.in_scope(|| {});
+                        })
+                    })
+                    .collect();
+                for t in threads {
+                    t.join().expect("entering the span panicked");
+                }
+            });
+        }
+    }
 }

@@ -151,7 +151,8 @@ fn tag_index(tag: u8) -> usize {
 }
 
 /// The largest [`crate::ProfileCorrelationLayerBuilder::max_routes`]: the layer's
-/// route table reserves 32 bytes per route of its bound (2 MiB at this one), and past
+/// route table reserves 16 bytes per slot, at least two slots per route of its bound
+/// rounded up to a power of two (2 MiB at this one, 16 KiB at the default), and past
 /// spanprof's interner bound ([`spanprof_core::DEFAULT_MAX_NAMES`], 4 096) new names
 /// read `(other)` anyway.
 pub const MAX_MAX_ROUTES: usize = 65_536;
@@ -219,14 +220,32 @@ impl RouteTable {
         route: &str,
         decide: impl FnOnce(&str, &str) -> Option<RoutePolicy>,
     ) -> &RouteEntry {
-        let hash = self.hasher.hash_one((tag, route)) as usize;
-        let (found, _) = self.probe(hash, tag, route);
-        if let Some(entry) = found {
+        let hash = self.hash(tag, route);
+        if let (Some(entry), _) = self.probe(hash, tag, route) {
             return entry;
         }
-        // Acquire: every name admitted before the table filled is in `slots` already,
-        // so this one is new.
+        self.after_miss(hash, tag, route, decide)
+    }
+
+    fn hash(&self, tag: u8, route: &str) -> usize {
+        self.hasher.hash_one((tag, route)) as usize
+    }
+
+    /// The rest of [`RouteTable::entry`] once a probe has missed.
+    fn after_miss(
+        &self,
+        hash: usize,
+        tag: u8,
+        route: &str,
+        decide: impl FnOnce(&str, &str) -> Option<RoutePolicy>,
+    ) -> &RouteEntry {
         if self.full.load(Ordering::Acquire) {
+            // Every admitted name is in `slots` by now (the Acquire pairs with the
+            // Release that set `full` after the last one), but the name may have been
+            // admitted between the probe that missed and this load: probe again.
+            if let (Some(entry), _) = self.probe(hash, tag, route) {
+                return entry;
+            }
             return self.unknown_entry(tag, decide);
         }
         let mut admitted = self.admitted.lock().unwrap_or_else(|e| e.into_inner());
@@ -361,6 +380,21 @@ mod tests {
         // The same route with another method is another name.
         table.entry(method_tag(&http::Method::PUT, false), "/x", decide);
         assert_eq!(decided.get(), 2);
+    }
+
+    #[test]
+    fn a_name_admitted_between_a_probe_and_the_full_check_is_found() {
+        // Reader B probes for the last name and misses; writer A admits it, which fills
+        // the table; then B goes on. B must find A's entry, not read the name as new
+        // past the bound.
+        let table = RouteTable::new(1);
+        let tag = method_tag(&http::Method::GET, false);
+        let hash = table.hash(tag, "/a");
+        assert!(table.probe(hash, tag, "/a").0.is_none()); // B misses
+        let admitted = table.entry(tag, "/a", |_, _| Some(RoutePolicy::new())); // A
+        let b = table.after_miss(hash, tag, "/a", |_, _| Some(RoutePolicy::new()));
+        assert!(std::ptr::eq(admitted, b));
+        assert_eq!(table.unknown(), 0);
     }
 
     #[test]

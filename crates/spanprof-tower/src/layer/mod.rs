@@ -199,7 +199,9 @@ impl ProfileCorrelationLayerBuilder {
     /// are never forgotten (see `spanprof::intern_stats`), so this keeps a client
     /// that makes up paths or gRPC methods from using them all. Defaults to
     /// [`DEFAULT_MAX_ROUTES`] (512). At least 1, at most [`MAX_MAX_ROUTES`] (65 536);
-    /// the layer's route table reserves 32 bytes per route of the bound.
+    /// the layer's route table reserves 32 to 64 bytes per route of the bound (16 KiB
+    /// at the default). Each distinct method and route counts once (`GET /cart/{id}`
+    /// and `PUT /cart/{id}` are two).
     pub fn max_routes(mut self, max: usize) -> Self {
         self.max_routes = Some(max);
         self
