@@ -82,8 +82,12 @@ const MODES: [&str; 5] = ["none", "stack", "baseline", "hot10", "pyroscope"];
 /// `baseline-sampling-noperf` is `baseline-sampling` without the per-thread perf
 /// events (the CPU timer alone). `baseline-disabled` is `baseline-nospans` with every route disabled (the layer
 /// names each request and looks up its policy, then labels nothing).
+/// `baseline-49hz` and `baseline-19hz` are `baseline` at a lower baseline rate: what
+/// the rate, the one setting that scales sampling's cost, buys.
 /// `stack-again` is a second server identical to `stack`: an A/A control of the method.
-const ABLATIONS: [&str; 9] = [
+const ABLATIONS: [&str; 11] = [
+    "baseline-49hz",
+    "baseline-19hz",
     "baseline-sampling",
     "baseline-passthrough",
     "baseline-sampling-noperf",
@@ -157,7 +161,9 @@ fn serve(mode: &str, sink: &str) {
         | "baseline-nospans"
         | "baseline-nolayer"
         | "baseline-noprocessor"
-        | "baseline-nohooks" => 0.0,
+        | "baseline-nohooks"
+        | "baseline-49hz"
+        | "baseline-19hz" => 0.0,
         "hot10" => 0.1,
         other => panic!("unknown mode {other}"),
     };
@@ -168,7 +174,11 @@ fn serve(mode: &str, sink: &str) {
     let span_layer = spans && mode != "baseline-nolayer";
     // spanprof as docs/layer.md sets it up, next to the same stack.
     let profiler = spanprof::Profiler::builder()
-        .baseline_hz(99)
+        .baseline_hz(match mode {
+            "baseline-49hz" => 49,
+            "baseline-19hz" => 19,
+            _ => 99,
+        })
         .high_hz(1000)
         .use_perf_events(mode != "baseline-sampling-noperf")
         .start()
