@@ -43,7 +43,7 @@
 //! measured side by side, in the same rounds.
 //!
 //! With `--modes baseline,baseline-nospans,baseline-nohooks` it runs `stack` and the
-//! listed modes only, including ablations of `baseline` (no tracing integration, no
+//! listed modes only (`--modes ablations`: every ablation; an unknown name is an error), including ablations of `baseline` (no tracing integration, no
 //! `SpanProfileLayer`, no `SpanProfileProcessor`, no runtime hooks) that show where
 //! spanprof's cost per request goes; `benches/callgrind_servers.py` counts the same
 //! servers' instructions per function.
@@ -86,8 +86,6 @@ const MODES: [&str; 5] = ["none", "stack", "baseline", "hot10", "pyroscope"];
 /// the rate, the one setting that scales sampling's cost, buys.
 /// `stack-again` is a second server identical to `stack`: an A/A control of the method.
 const ABLATIONS: [&str; 11] = [
-    "baseline-49hz",
-    "baseline-19hz",
     "baseline-sampling",
     "baseline-passthrough",
     "baseline-sampling-noperf",
@@ -96,6 +94,8 @@ const ABLATIONS: [&str; 11] = [
     "baseline-nolayer",
     "baseline-noprocessor",
     "baseline-nohooks",
+    "baseline-49hz",
+    "baseline-19hz",
     "stack-again",
 ];
 
@@ -673,16 +673,33 @@ fn coordinate() {
         url
     };
 
-    // `--modes` picks a subset (and the ablations); `stack` always runs, first of
-    // the list's order below, as every ratio's reference.
+    // `--modes` picks a subset (and the ablations; `ablations` names them all);
+    // `stack` always runs, first of the list's order below, as every ratio's
+    // reference. A name that is no mode is an error, not a mode left out.
     let picked: Vec<&'static str> = match arg("--modes") {
         None => MODES.to_vec(),
-        Some(list) => MODES
-            .iter()
-            .chain(&ABLATIONS)
-            .copied()
-            .filter(|m| *m == "stack" || list.split(',').any(|x| x == *m))
-            .collect(),
+        Some(list) => {
+            let asked = |m: &str| {
+                list.split(',')
+                    .any(|x| x == m || (x == "ablations" && ABLATIONS.contains(&m)))
+            };
+            if let Some(bad) = list
+                .split(',')
+                .find(|x| *x != "ablations" && !MODES.contains(x) && !ABLATIONS.contains(x))
+            {
+                eprintln!(
+                    "overhead: --modes: no mode {bad:?}; the modes are {MODES:?}, the \
+                     ablations {ABLATIONS:?} (or `ablations` for all of them)"
+                );
+                std::process::exit(2);
+            }
+            MODES
+                .iter()
+                .chain(&ABLATIONS)
+                .copied()
+                .filter(|m| *m == "stack" || asked(m))
+                .collect()
+        }
     };
     let stack_at = picked.iter().position(|m| *m == "stack").unwrap();
     assert_eq!(stack_at, usize::from(picked[0] == "none"));
@@ -867,6 +884,12 @@ fn coordinate() {
     out.insert("load_fraction".into(), load_frac.into());
     out.insert("concurrent".into(), concurrent.into());
     out.insert("restarts".into(), restarts.into());
+    let ran: Vec<&str> = picked
+        .iter()
+        .copied()
+        .filter(|m| *m != "pyroscope" || anchor.is_some())
+        .collect();
+    out.insert("modes".into(), ran.into());
     out.insert(
         "cpu_unit".into(),
         "µs of server process CPU per request".into(),
