@@ -10,6 +10,12 @@
 //! the per-sample cost of the two ways of sampling: the per-thread CPU-time timer
 //! (`timer_create`) and the perf event (`perf_event_open` plus one re-arming `ioctl`
 //! per sample), each round running bare, perf and timer side by side.
+//!
+//! With `--floor` it measures spanprof's cost per sample at 1 kHz against the
+//! machine's floor (an empty handler, a signal-free kernel ring). With
+//! `--pause-resume` it times what a hot request's resume and pause of its thread's
+//! perf event cost (`spanprof::sample_floor_probe::pause_resume_cost`, `--iterations`
+//! pairs per round, 200 000 by default), beside a thread CPU clock read and `getppid`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -258,6 +264,31 @@ fn floor_run(secs: f64, rounds: usize) {
     }));
 }
 
+/// `--pause-resume`: a hot request's resume and pause of its perf event, per round
+/// `iterations` of each call; medians over the rounds.
+fn pause_resume_run(rounds: usize, iterations: u32) {
+    let (mut pair, mut clock, mut plain) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let c = spanprof::sample_floor_probe::pause_resume_cost(iterations)
+            .expect("perf event (perf_event_paranoid <= 2)");
+        eprintln!(
+            "round {round}: ENABLE+DISABLE {:.2} µs, thread CPU clock {:.2} µs, getppid {:.2} µs",
+            c.enable_disable_pair_us, c.thread_cpu_clock_us, c.plain_syscall_us
+        );
+        pair.push(c.enable_disable_pair_us);
+        clock.push(c.thread_cpu_clock_us);
+        plain.push(c.plain_syscall_us);
+    }
+    print_json(serde_json::json!({
+        "rounds": rounds, "iterations_per_round": iterations,
+        "enable_disable_pair_us": median(pair.clone()),
+        "thread_cpu_clock_us": median(clock.clone()),
+        "getppid_us": median(plain.clone()),
+        "all_rounds": { "enable_disable_pair_us": pair, "thread_cpu_clock_us": clock,
+                        "getppid_us": plain },
+    }));
+}
+
 fn main() {
     let secs: f64 = arg("--seconds").map_or(3.0, |s| s.parse().expect("--seconds S"));
     let rounds: usize = arg("--rounds").map_or(3, |s| s.parse().expect("--rounds N"));
@@ -266,6 +297,11 @@ fn main() {
     }
     if spanprof_bench::flag("--floor") {
         return floor_run(secs, rounds);
+    }
+    if spanprof_bench::flag("--pause-resume") {
+        let iterations =
+            arg("--iterations").map_or(200_000, |s| s.parse().expect("--iterations N"));
+        return pause_resume_run(rounds, iterations);
     }
     let counter = AtomicU64::new(0);
     let mut rows = Vec::new();

@@ -51,3 +51,18 @@ fn both_floor_probes_count_samples() {
         "the kernel ring recorded {recorded} samples in 150 ms of CPU at 1 kHz"
     );
 }
+
+#[test]
+fn the_pause_resume_probe_enables_the_event_and_times_every_call() {
+    // The probe fails if its ENABLE did nothing (the kernel reports the event's
+    // enabled time); each figure is a mean over real calls, so none can be zero.
+    let cost = spanprof_core::sample_floor_probe::pause_resume_cost(2_000)
+        .expect("perf event (perf_event_paranoid <= 2)");
+    for (name, us) in [
+        ("enable_disable_pair_us", cost.enable_disable_pair_us),
+        ("thread_cpu_clock_us", cost.thread_cpu_clock_us),
+        ("plain_syscall_us", cost.plain_syscall_us),
+    ] {
+        assert!(us.is_finite() && us > 0.0, "{name} = {us}");
+    }
+}

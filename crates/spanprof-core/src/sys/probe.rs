@@ -11,6 +11,11 @@
 //!
 //! The cost per sample is then measured from outside, as the CPU a busy thread loses
 //! per sample (`rate_sweep --floor`).
+//!
+//! - [`pause_resume_cost`]: what a hot request's resume and pause of its thread's
+//!   event cost (`PERF_EVENT_IOC_ENABLE` then `_DISABLE`, through the same functions
+//!   the signal handler module calls), beside a read of the thread's CPU clock and the
+//!   cheapest system call. Timed from inside, per call.
 
 use std::cell::Cell;
 use std::io;
@@ -18,6 +23,7 @@ use std::mem;
 use std::ptr;
 use std::sync::Mutex;
 use std::sync::atomic::{Ordering, fence};
+use std::time::Instant;
 
 use super::perf::{self, PerfEventAttr};
 
@@ -32,6 +38,8 @@ const DATA_HEAD_OFFSET: usize = 1024;
 /// one thread's CPU at 1 kHz; the ring is never consumed, so a probe is meant for
 /// runs shorter than that.
 const RING_DATA_PAGES: usize = 64;
+/// `read_format` bit: a read returns the time the event was enabled after its count.
+const PERF_FORMAT_TOTAL_TIME_ENABLED: u64 = 1 << 0;
 
 thread_local! {
     static PROBE_FD: Cell<i32> = const { Cell::new(-1) };
@@ -249,4 +257,88 @@ impl Drop for RingProbe {
         unsafe { libc::munmap(self.base, self.len) };
         perf::close(self.fd);
     }
+}
+
+/// What [`pause_resume_cost`] measured, in microseconds per call (means).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PauseResumeCost {
+    /// `PERF_EVENT_IOC_ENABLE` then `PERF_EVENT_IOC_DISABLE` on a per-thread
+    /// `cpu-clock` event: what a hot request pays to resume its thread's event at its
+    /// first push and pause it at its end.
+    pub enable_disable_pair_us: f64,
+    /// One read of the thread's CPU clock (`CLOCK_THREAD_CPUTIME_ID`); a hot request
+    /// takes one beside each of the two calls above.
+    pub thread_cpu_clock_us: f64,
+    /// `getppid`, the cheapest system call: the machine's price of entering the kernel.
+    pub plain_syscall_us: f64,
+}
+
+/// Times `iterations` resume/pause pairs of a per-thread `cpu-clock` event at 1 kHz
+/// (spanprof's high rate), then as many thread CPU clock reads and `getppid` calls.
+///
+/// The event is opened without a signal (no overflow can reach a handler, so no
+/// handler need be installed); the two `ioctl`s are [`perf`]'s `enable` and
+/// `disable`, the ones spanprof's hot path makes. Fails if the event cannot be opened
+/// (`perf_event_paranoid` above 2), if an `ENABLE` fails, or if the kernel reports the
+/// event never counted a nanosecond enabled (the `ioctl`s did nothing).
+pub fn pause_resume_cost(iterations: u32) -> io::Result<PauseResumeCost> {
+    let n = iterations.max(1);
+    let attr = PerfEventAttr {
+        kind: perf::PERF_TYPE_SOFTWARE,
+        size: mem::size_of::<PerfEventAttr>() as u32,
+        config: perf::PERF_COUNT_SW_CPU_CLOCK,
+        sample_period: 1_000_000,
+        read_format: PERF_FORMAT_TOTAL_TIME_ENABLED,
+        flags: perf::FLAG_DISABLED | perf::FLAG_EXCLUDE_KERNEL | perf::FLAG_EXCLUDE_HV,
+        ..Default::default()
+    };
+    let fd = perf::open_attr(&attr, super::current_tid())?;
+    let start = Instant::now();
+    for _ in 0..n {
+        if !perf::enable(fd) {
+            let err = io::Error::last_os_error();
+            perf::close(fd);
+            return Err(err);
+        }
+        perf::disable(fd);
+    }
+    let pair = start.elapsed();
+    // { value, time_enabled }: read_format asks for the enabled time after the count.
+    let mut counts = [0u64; 2];
+    // SAFETY: `fd` is our perf fd; `counts` is a live buffer of exactly the length
+    // passed, and a perf read writes at most that many bytes.
+    let read = unsafe {
+        libc::read(
+            fd,
+            counts.as_mut_ptr().cast::<libc::c_void>(),
+            mem::size_of_val(&counts),
+        )
+    };
+    let read_err = io::Error::last_os_error();
+    perf::close(fd);
+    if read != mem::size_of_val(&counts) as isize {
+        return Err(read_err);
+    }
+    if counts[1] == 0 {
+        return Err(io::Error::other(
+            "the perf event was never enabled: PERF_EVENT_IOC_ENABLE had no effect",
+        ));
+    }
+    let start = Instant::now();
+    for _ in 0..n {
+        std::hint::black_box(super::thread_cpu_ns());
+    }
+    let clock = start.elapsed();
+    let start = Instant::now();
+    for _ in 0..n {
+        // SAFETY: getppid has no preconditions and cannot fail.
+        std::hint::black_box(unsafe { libc::getppid() });
+    }
+    let plain = start.elapsed();
+    let per_call_us = |d: std::time::Duration| d.as_secs_f64() * 1e6 / f64::from(n);
+    Ok(PauseResumeCost {
+        enable_disable_pair_us: per_call_us(pair),
+        thread_cpu_clock_us: per_call_us(clock),
+        plain_syscall_us: per_call_us(plain),
+    })
 }
