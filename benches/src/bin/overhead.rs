@@ -84,8 +84,11 @@ const MODES: [&str; 5] = ["none", "stack", "baseline", "hot10", "pyroscope"];
 /// names each request and looks up its policy, then labels nothing).
 /// `baseline-49hz` and `baseline-19hz` are `baseline` at a lower baseline rate: what
 /// the rate, the one setting that scales sampling's cost, buys.
+/// `baseline-builder` is `baseline` with `TraceLayer` and the correlation layer in one
+/// `tower::ServiceBuilder` passed to one `Router::layer` (axum boxes each route's
+/// service once per `Router::layer` call).
 /// `stack-again` is a second server identical to `stack`: an A/A control of the method.
-const ABLATIONS: [&str; 11] = [
+const ABLATIONS: [&str; 12] = [
     "baseline-sampling",
     "baseline-passthrough",
     "baseline-sampling-noperf",
@@ -96,6 +99,7 @@ const ABLATIONS: [&str; 11] = [
     "baseline-nohooks",
     "baseline-49hz",
     "baseline-19hz",
+    "baseline-builder",
     "stack-again",
 ];
 
@@ -163,7 +167,8 @@ fn serve(mode: &str, sink: &str) {
         | "baseline-noprocessor"
         | "baseline-nohooks"
         | "baseline-49hz"
-        | "baseline-19hz" => 0.0,
+        | "baseline-19hz"
+        | "baseline-builder" => 0.0,
         "hot10" => 0.1,
         other => panic!("unknown mode {other}"),
     };
@@ -217,7 +222,12 @@ fn serve(mode: &str, sink: &str) {
         spanprof::install_runtime_hooks(&mut builder);
     }
     let rt = builder.build().expect("runtime");
-    if correlate {
+    if mode == "baseline-builder" {
+        let layers = tower::ServiceBuilder::new()
+            .layer(TraceLayer::new_for_http())
+            .layer(layer);
+        service::serve(&rt, app.layer(layers), process_cpu_ns);
+    } else if correlate {
         service::serve(
             &rt,
             app.layer(layer).layer(TraceLayer::new_for_http()),

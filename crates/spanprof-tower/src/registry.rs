@@ -24,8 +24,19 @@ struct Tracked {
     /// fewer instructions per layered request, docs/benchmarks.md); the ids are the
     /// service's own, its seed random.
     by_id: HashMap<u64, SpanLabels, foldhash::fast::RandomState>,
+    /// Ids in the order they were tracked, taken ones included until the queue
+    /// holds [`ORDER_CAPACITY`] - 1 and is compacted. Allocated in full when tracking
+    /// is turned on, never grown: a queue grown one id per span put buffer after
+    /// buffer into the malloc arena of the worker thread serving the request, and in
+    /// about 4 of 10 server processes glibc then had the workers wait on their
+    /// arenas' locks, half a wait per request (docs/benchmarks.md, issue 12, 9.).
     order: VecDeque<u64>,
 }
+
+/// Room in each shard's eviction order: the compaction in [`track`] runs when it
+/// would hold more than `2 * MAX_PER_SHARD` ids, so it never needs more. 64 KiB per
+/// shard, 1 MiB in all, its pages touched as ids are written.
+const ORDER_CAPACITY: usize = 2 * MAX_PER_SHARD + 1;
 
 /// One shard, alone on its cache lines.
 #[repr(align(128))]
@@ -35,7 +46,7 @@ static TRACKED: LazyLock<[Shard; SHARDS]> = LazyLock::new(|| {
     std::array::from_fn(|_| {
         Shard(Mutex::new(Tracked {
             by_id: HashMap::default(),
-            order: VecDeque::new(),
+            order: VecDeque::with_capacity(ORDER_CAPACITY),
         }))
     })
 });
@@ -54,8 +65,11 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 static EVICTED: AtomicU64 = AtomicU64::new(0);
 static SCOPE_ALL: AtomicBool = AtomicBool::new(false);
 
-/// Turns tracking on (a [`crate::SpanProfileProcessor`] exists to consume it).
+/// Turns tracking on (a [`crate::SpanProfileProcessor`] exists to consume it), and
+/// allocates the tables here, on the thread that sets the service up, rather than
+/// on the first request's worker.
 pub(crate) fn enable() {
+    LazyLock::force(&TRACKED);
     ENABLED.store(true, Ordering::Relaxed);
 }
 
@@ -117,8 +131,43 @@ pub fn tracking_evicted() -> u64 {
 mod tests {
     use super::*;
 
+    /// The tests share the process-wide table: one at a time.
+    static SERIAL: Mutex<()> = Mutex::new(());
+
+    /// The eviction order of each shard, by capacity.
+    fn order_capacities() -> Vec<usize> {
+        TRACKED
+            .iter()
+            .map(|s| s.0.lock().unwrap().order.capacity())
+            .collect()
+    }
+
+    #[test]
+    fn tracking_never_grows_the_eviction_order_on_the_request_path() {
+        // A queue grown one id per span put buffer after buffer into the malloc arena
+        // of the worker serving the request; in about 4 of 10 server processes glibc
+        // then made the workers wait on their arenas' locks (docs/benchmarks.md,
+        // issue 12, 9.). Its storage is allocated when tracking is turned on.
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        enable();
+        let at_enable = order_capacities();
+        assert!(
+            at_enable.iter().all(|&c| c > 2 * MAX_PER_SHARD),
+            "capacities at enable: {at_enable:?}"
+        );
+        // Every span taken again, as the processor does when it ends: each shard's
+        // order fills with taken ids and is compacted about once and a half.
+        let base = 0xcafe_0000_0000_0000u64;
+        for i in 0..3 * MAX_TRACKED_SPANS as u64 {
+            track(&SpanLabels::builder().span_id(base + i).build());
+            assert!(take(base + i).is_some());
+        }
+        assert_eq!(order_capacities(), at_enable);
+    }
+
     #[test]
     fn tracking_stays_bounded_and_counts_what_it_evicts() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         enable();
         let evicted = tracking_evicted();
         let n = 2 * MAX_TRACKED_SPANS as u64;
