@@ -277,8 +277,8 @@ pub struct PauseResumeCost {
 /// (spanprof's high rate), then as many thread CPU clock reads and `getppid` calls.
 ///
 /// The event is opened without a signal (no overflow can reach a handler, so no
-/// handler need be installed); the two `ioctl`s are [`perf`]'s `enable` and
-/// `disable`, the ones spanprof's hot path makes. Fails if the event cannot be opened
+/// handler need be installed); the two `ioctl`s go through spanprof's own
+/// `sys::perf::enable` and `disable`, the ones its hot path makes. Fails if the event cannot be opened
 /// (`perf_event_paranoid` above 2), if an `ENABLE` fails, or if the kernel reports the
 /// event never counted a nanosecond enabled (the `ioctl`s did nothing).
 pub fn pause_resume_cost(iterations: u32) -> io::Result<PauseResumeCost> {
