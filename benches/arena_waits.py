@@ -3,7 +3,8 @@
 
 For each of PROCESSES rounds and each mode given (interleaved), starts
 `overhead serve --mode MODE` (or the server binary given with `--exe`), warms it up
-(3 s at RATE JSON requests per second), then traces its `futex` calls with `strace -f`
+(3 s at RATE JSON requests per second; `--workload checkout --rate R` for the
+checkout mix), then traces its `futex` calls with `strace -f`
 while 3 s more arrive at the same rate. A contended glibc arena lock shows as a
 `FUTEX_WAIT` on the lock word of a thread arena: the `malloc_state` of a non-main
 arena sits 0x30 bytes into its 64 MiB-aligned heap, so the address ends in `000030`
@@ -14,6 +15,7 @@ THRESHOLD waits per request; uncontended processes of every mode read 0.01-0.05)
     cargo build --release -p spanprof-bench --bin overhead
     python3 benches/arena_waits.py 8 stack baseline
     python3 benches/arena_waits.py --exe /tmp/overhead-before 8 baseline
+    python3 benches/arena_waits.py --workload checkout --rate 150 4 stack baseline
 
 strace slows the traced process; the counts are for comparing modes and builds
 measured the same way, not CPU figures. Needs `strace` (Debian's package).
@@ -25,12 +27,13 @@ import sys
 import time
 
 RATE = 1000
+WORKLOAD = "json"
 THRESHOLD = 0.1
 
 
 def load(exe, url, secs):
     out = subprocess.run(
-        [exe, "load", "--url", url, "--workload", "json", "--secs", str(secs),
+        [exe, "load", "--url", url, "--workload", WORKLOAD, "--secs", str(secs),
          "--rate", str(RATE)],
         capture_output=True, text=True, check=True).stdout
     return int(out.split()[0])
@@ -61,10 +64,19 @@ def arena_waits_per_request(exe, mode, log):
 
 
 def main():
+    global RATE, WORKLOAD
     args = sys.argv[1:]
     exe = "target/release/overhead"
-    if args[:1] == ["--exe"]:
-        exe, args = args[1], args[2:]
+    while args[0].startswith("--"):
+        flag, value, args = args[0], args[1], args[2:]
+        if flag == "--exe":
+            exe = value
+        elif flag == "--workload":
+            WORKLOAD = value
+        elif flag == "--rate":
+            RATE = float(value)
+        else:
+            sys.exit(f"arena_waits.py: unknown option {flag}")
     processes, modes = int(args[0]), args[1:]
     seen = {m: [] for m in modes}
     for round_ in range(processes):
