@@ -25,11 +25,12 @@ struct Tracked {
     /// service's own, its seed random.
     by_id: HashMap<u64, SpanLabels, foldhash::fast::RandomState>,
     /// Ids in the order they were tracked, taken ones included until the queue
-    /// holds [`ORDER_CAPACITY`] - 1 and is compacted. Allocated in full when tracking
+    /// holds [`ORDER_CAPACITY`] ids and is compacted. Allocated in full when tracking
     /// is turned on, never grown: a queue grown one id per span put buffer after
     /// buffer into the malloc arena of the worker thread serving the request, and in
-    /// about 4 of 10 server processes glibc then had the workers wait on their
-    /// arenas' locks, half a wait per request (docs/benchmarks.md, issue 12, 9.).
+    /// about half of the server processes measured glibc then had the workers wait
+    /// on their arenas' locks, 0.15-0.65 waits per request (docs/benchmarks.md,
+    /// issue 12, 9.).
     order: VecDeque<u64>,
 }
 
@@ -145,9 +146,10 @@ mod tests {
     #[test]
     fn tracking_never_grows_the_eviction_order_on_the_request_path() {
         // A queue grown one id per span put buffer after buffer into the malloc arena
-        // of the worker serving the request; in about 4 of 10 server processes glibc
-        // then made the workers wait on their arenas' locks (docs/benchmarks.md,
-        // issue 12, 9.). Its storage is allocated when tracking is turned on.
+        // of the worker serving the request; in about half of the server processes
+        // measured glibc then made the workers wait on their arenas' locks
+        // (docs/benchmarks.md, issue 12, 9.). Its storage is allocated when tracking
+        // is turned on.
         let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         enable();
         let at_enable = order_capacities();
