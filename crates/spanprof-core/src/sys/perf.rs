@@ -9,11 +9,14 @@
 use std::io;
 use std::mem;
 
-pub(super) const PERF_TYPE_SOFTWARE: u32 = 1;
-pub(super) const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
-pub(super) const FLAG_DISABLED: u64 = 1 << 0;
-pub(super) const FLAG_EXCLUDE_KERNEL: u64 = 1 << 5;
-pub(super) const FLAG_EXCLUDE_HV: u64 = 1 << 6;
+const PERF_TYPE_SOFTWARE: u32 = 1;
+const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
+const FLAG_DISABLED: u64 = 1 << 0;
+const FLAG_EXCLUDE_KERNEL: u64 = 1 << 5;
+const FLAG_EXCLUDE_HV: u64 = 1 << 6;
+/// `read_format` bit: a read returns the time the event was enabled after its count.
+#[cfg(feature = "testing")]
+pub(super) const PERF_FORMAT_TOTAL_TIME_ENABLED: u64 = 1 << 0;
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
 const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
 const PERF_EVENT_IOC_DISABLE: libc::c_ulong = 0x2401;
@@ -58,15 +61,7 @@ struct FOwnerEx {
 /// Opens a disabled user-space `cpu-clock` event on thread `tid` that signals that
 /// thread with `signo` every `period_ns` of its CPU time once armed.
 pub(crate) fn open(tid: libc::pid_t, period_ns: u64, signo: i32) -> io::Result<i32> {
-    let attr = PerfEventAttr {
-        kind: PERF_TYPE_SOFTWARE,
-        size: mem::size_of::<PerfEventAttr>() as u32,
-        config: PERF_COUNT_SW_CPU_CLOCK,
-        sample_period: period_ns.max(1),
-        flags: FLAG_DISABLED | FLAG_EXCLUDE_KERNEL | FLAG_EXCLUDE_HV,
-        ..Default::default()
-    };
-    let fd = open_attr(&attr, tid)?;
+    let fd = open_attr(&cpu_clock_attr(period_ns), tid)?;
     let owner = FOwnerEx {
         kind: F_OWNER_TID,
         pid: tid,
@@ -84,6 +79,19 @@ pub(crate) fn open(tid: libc::pid_t, period_ns: u64, signo: i32) -> io::Result<i
         return Err(err);
     }
     Ok(fd)
+}
+
+/// A disabled user-space `cpu-clock` event overflowing every `period_ns` of the
+/// thread's CPU time: spanprof's sampling event, and the probes' starting point.
+pub(super) fn cpu_clock_attr(period_ns: u64) -> PerfEventAttr {
+    PerfEventAttr {
+        kind: PERF_TYPE_SOFTWARE,
+        size: mem::size_of::<PerfEventAttr>() as u32,
+        config: PERF_COUNT_SW_CPU_CLOCK,
+        sample_period: period_ns.max(1),
+        flags: FLAG_DISABLED | FLAG_EXCLUDE_KERNEL | FLAG_EXCLUDE_HV,
+        ..Default::default()
+    }
 }
 
 /// Opens the event `attr` describes on thread `tid` (any CPU, no group, close on exec).

@@ -38,8 +38,6 @@ const DATA_HEAD_OFFSET: usize = 1024;
 /// one thread's CPU at 1 kHz; the ring is never consumed, so a probe is meant for
 /// runs shorter than that.
 const RING_DATA_PAGES: usize = 64;
-/// `read_format` bit: a read returns the time the event was enabled after its count.
-const PERF_FORMAT_TOTAL_TIME_ENABLED: u64 = 1 << 0;
 
 thread_local! {
     static PROBE_FD: Cell<i32> = const { Cell::new(-1) };
@@ -174,13 +172,8 @@ impl RingProbe {
     /// Opens the event on the calling thread, maps its ring and enables it.
     pub fn start(period_ns: u64) -> io::Result<RingProbe> {
         let attr = PerfEventAttr {
-            kind: perf::PERF_TYPE_SOFTWARE,
-            size: mem::size_of::<PerfEventAttr>() as u32,
-            config: perf::PERF_COUNT_SW_CPU_CLOCK,
-            sample_period: period_ns.max(1),
             sample_type: PERF_SAMPLE_IP,
-            flags: perf::FLAG_DISABLED | perf::FLAG_EXCLUDE_KERNEL | perf::FLAG_EXCLUDE_HV,
-            ..Default::default()
+            ..perf::cpu_clock_attr(period_ns)
         };
         let fd = perf::open_attr(&attr, super::current_tid())?;
         // SAFETY: sysconf has no preconditions.
@@ -278,19 +271,15 @@ pub struct PauseResumeCost {
 ///
 /// The event is opened without a signal (no overflow can reach a handler, so no
 /// handler need be installed); the two `ioctl`s go through spanprof's own
-/// `sys::perf::enable` and `disable`, the ones its hot path makes. Fails if the event cannot be opened
-/// (`perf_event_paranoid` above 2), if an `ENABLE` fails, or if the kernel reports the
-/// event never counted a nanosecond enabled (the `ioctl`s did nothing).
+/// `sys::perf::enable` and `disable`, the ones its hot path makes. Fails if the event
+/// cannot be opened (`perf_event_paranoid` above 2), if an `ENABLE` fails, or if the
+/// kernel reports the event never counted a nanosecond enabled (the `ioctl`s did
+/// nothing).
 pub fn pause_resume_cost(iterations: u32) -> io::Result<PauseResumeCost> {
     let n = iterations.max(1);
     let attr = PerfEventAttr {
-        kind: perf::PERF_TYPE_SOFTWARE,
-        size: mem::size_of::<PerfEventAttr>() as u32,
-        config: perf::PERF_COUNT_SW_CPU_CLOCK,
-        sample_period: 1_000_000,
-        read_format: PERF_FORMAT_TOTAL_TIME_ENABLED,
-        flags: perf::FLAG_DISABLED | perf::FLAG_EXCLUDE_KERNEL | perf::FLAG_EXCLUDE_HV,
-        ..Default::default()
+        read_format: perf::PERF_FORMAT_TOTAL_TIME_ENABLED,
+        ..perf::cpu_clock_attr(1_000_000)
     };
     let fd = perf::open_attr(&attr, super::current_tid())?;
     let start = Instant::now();
