@@ -4,8 +4,10 @@
 
 use crate::cache::FastMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use blazesym::Pid;
+use blazesym::symbolize::cache::{self, Cache};
 use blazesym::symbolize::source::{Process, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 
@@ -14,6 +16,12 @@ use crate::profile::{Frame, OVERFLOW_ADDR, TRUNCATED_ADDR};
 
 /// Names of functions and files shared by the frames of the address cache.
 type Names = BoundedCache<Arc<str>, Arc<str>>;
+
+/// Least time between two reads of the process's mappings prompted by addresses
+/// outside every mapping known: code mapped since (a library loaded with `dlopen`)
+/// is found within this time, and a stream of stray addresses (a frame-pointer walk
+/// through code built without them) cannot make every batch read the mappings again.
+const REMAP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Bytes of one cached address: its frames, in one shared allocation.
 fn frames_bytes(frames: &[Frame]) -> usize {
@@ -26,12 +34,21 @@ pub(crate) struct AddressSymbolizer {
     cache: BoundedCache<u64, Arc<[Frame]>>,
     /// Function and file names, so frames share them (a quarter of the bound).
     names: Names,
-    /// Executable mappings of this process (start, end, file name), for naming
-    /// addresses no symbol covers (`[libc.so.6]`).
+    /// Executable mappings of this process (start, end, file name) as last read,
+    /// the same moment blazesym's copy of them was taken: to tell code mapped since
+    /// from code already known, and to name addresses no symbol covers
+    /// (`[libc.so.6]`).
     modules: Vec<(u64, u64, String)>,
-    /// Calls into blazesym so far (each reads `/proc/self/maps` and walks the
-    /// symbol tables of the files it touches).
+    /// Whether `modules` and blazesym's copy have been read.
+    mapped: bool,
+    /// When an address outside every known mapping last made them be read again.
+    remapped_at: Option<Instant>,
+    /// Calls into blazesym so far (each walks the symbol tables of the files it
+    /// touches).
     pub(crate) calls: u64,
+    /// Reads of the process's mappings so far (`/proc/self/maps`, for `modules` and
+    /// for blazesym's copy).
+    pub(crate) map_reads: u64,
 }
 
 /// Executable file mappings of this process from `/proc/self/maps`: (start, end,
@@ -84,34 +101,79 @@ pub(crate) fn executable_text() -> Option<(u64, u64)> {
         .max_by_key(|&(a, b)| b - a)
 }
 
+/// The mapped file whose code holds `addr`, if any.
+fn module_of(modules: &[(u64, u64, String)], addr: u64) -> Option<&str> {
+    modules
+        .iter()
+        .find(|(a, b, _)| (*a..*b).contains(&addr))
+        .map(|(_, _, path)| path.as_str())
+}
+
 /// `[module]` for an address in a mapped file, else its hex address.
-fn unknown_name(modules: &mut Vec<(u64, u64, String)>, addr: u64) -> String {
-    let find = |m: &Vec<(u64, u64, String)>| {
-        m.iter()
-            .find(|(a, b, _)| (*a..*b).contains(&addr))
-            .map(|(_, _, path)| format!("[{}]", path.rsplit('/').next().unwrap_or(path)))
-    };
-    if let Some(n) = find(modules) {
-        return n;
+fn unknown_name(modules: &[(u64, u64, String)], addr: u64) -> String {
+    match module_of(modules, addr) {
+        Some(path) => format!("[{}]", path.rsplit('/').next().unwrap_or(path)),
+        None => format!("0x{addr:x}"),
     }
-    *modules = read_modules();
-    find(modules).unwrap_or_else(|| format!("0x{addr:x}"))
 }
 
 impl AddressSymbolizer {
     /// A symbolizer whose own caches hold at most about `max_bytes`.
     pub(crate) fn new(max_bytes: usize) -> Self {
         AddressSymbolizer {
+            // No auto-reload: blazesym would `stat` every file it uses on every
+            // call to see whether it changed on disk. The files are the process's
+            // own mappings (`/proc/self/map_files`), whose code does not change
+            // while mapped; the addresses' frames are cached for good anyway.
             symbolizer: Symbolizer::builder()
                 .enable_inlined_fns(true)
                 .enable_code_info(true)
                 .enable_demangling(true)
+                .enable_auto_reload(false)
                 .build(),
             cache: BoundedCache::new(max_bytes / 4 * 3),
             names: BoundedCache::new(max_bytes / 4),
             modules: Vec::new(),
+            mapped: false,
+            remapped_at: None,
             calls: 0,
+            map_reads: 0,
         }
+    }
+
+    /// Reads the process's mappings, for `modules` and for blazesym (which
+    /// otherwise reads `/proc/self/maps` on every call, a third of the collector's
+    /// CPU in steady state): on the first call, and again when an address of
+    /// `missing` lies outside every mapping known, at most once per
+    /// [`REMAP_INTERVAL`]. Returns whether the mappings are current for `missing`:
+    /// read now, or covering every address of it.
+    fn sync_mappings(&mut self, missing: &[u64]) -> bool {
+        if self.mapped {
+            if missing
+                .iter()
+                .all(|&a| module_of(&self.modules, a).is_some())
+            {
+                return true;
+            }
+            let now = Instant::now();
+            if self
+                .remapped_at
+                .is_some_and(|at| now.duration_since(at) < REMAP_INTERVAL)
+            {
+                return false;
+            }
+            self.remapped_at = Some(now);
+        }
+        self.mapped = true;
+        self.modules = read_modules();
+        self.map_reads += 1;
+        let vmas = Cache::Process(cache::Process::new(Pid::Slf));
+        if let Err(e) = self.symbolizer.cache(&vmas) {
+            // Without its own copy blazesym reads the mappings on each call: slower,
+            // still right.
+            tracing::debug!(error = %e, "spanprof: caching the process's mappings failed");
+        }
+        true
     }
 
     /// The counters of its caches (addresses and names together).
@@ -205,6 +267,7 @@ impl AddressSymbolizer {
     /// Symbolizes `missing` (sorted, distinct) with blazesym, caching each result;
     /// addresses it cannot name get their module's name.
     fn symbolize_into(&mut self, missing: &[u64], found: &mut FastMap<u64, Arc<[Frame]>>) {
+        let current = self.sync_mappings(missing);
         let src = Source::Process(Process::new(Pid::Slf));
         self.calls += 1;
         match self.symbolizer.symbolize(&src, Input::AbsAddr(missing)) {
@@ -213,8 +276,16 @@ impl AddressSymbolizer {
                     let frames = match sym {
                         Symbolized::Sym(sym) => sym_frames(&mut self.names, &sym, addr),
                         Symbolized::Unknown(_) => {
-                            let n = unknown_name(&mut self.modules, addr);
-                            synthetic(&mut self.names, &n, addr)
+                            let n = unknown_name(&self.modules, addr);
+                            let f = synthetic(&mut self.names, &n, addr);
+                            if !current && module_of(&self.modules, addr).is_none() {
+                                // Perhaps code mapped since the last read of the
+                                // mappings: named by its address this time, asked
+                                // again once the mappings can be read again.
+                                found.insert(addr, f);
+                                continue;
+                            }
+                            f
                         }
                     };
                     let bytes = frames_bytes(&frames);
@@ -232,7 +303,7 @@ impl AddressSymbolizer {
             Err(e) => {
                 tracing::debug!(error = %e, "spanprof: symbolization failed");
                 for &addr in missing {
-                    let n = unknown_name(&mut self.modules, addr);
+                    let n = unknown_name(&self.modules, addr);
                     let f = synthetic(&mut self.names, &n, addr);
                     self.keep(addr, f.clone());
                     found.insert(addr, f);
@@ -361,6 +432,98 @@ mod tests {
         // Stacks already cached cost no call at all.
         s.prefetch(stacks.iter().copied());
         assert_eq!(s.calls, 1);
+    }
+
+    /// Read system calls made by the calling thread so far (`syscr` of
+    /// `/proc/thread-self/io`).
+    fn reads_by_this_thread() -> u64 {
+        let io = std::fs::read_to_string("/proc/thread-self/io").expect("thread io counters");
+        io.lines()
+            .find_map(|l| l.strip_prefix("syscr: "))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("syscr in /proc/thread-self/io")
+    }
+
+    #[test]
+    fn new_addresses_in_known_code_cost_no_read_of_the_memory_map() {
+        // In steady state the collector symbolizes a few new addresses every batch.
+        // Reading /proc/self/maps for each of those calls (hundreds of lines, a
+        // dozen read calls) was a third of the collector's CPU; the mappings of
+        // code already seen do not change, so a call for new addresses in it must
+        // not read anything.
+        let (lo, hi) = executable_text().expect("this test binary's code");
+        let mut s = AddressSymbolizer::new(16 << 20);
+        s.prefetch([&[lo + 64][..]]);
+        let calls = 10;
+        // The reads of the counter itself, measured the same way.
+        let before = reads_by_this_thread();
+        let own = reads_by_this_thread() - before;
+        let before = reads_by_this_thread();
+        for k in 0..calls {
+            let addrs: Vec<u64> = (0..5)
+                .map(|i| lo + 4096 * (1 + k * 5 + i))
+                .filter(|&a| a < hi)
+                .collect();
+            s.prefetch([&addrs[..]]);
+        }
+        let reads = reads_by_this_thread() - before - own;
+        assert_eq!(s.calls, 1 + calls, "one blazesym call a batch");
+        assert_eq!(
+            reads, 0,
+            "{calls} batches of new addresses in known code made {reads} read calls"
+        );
+        assert_eq!(s.map_reads, 1, "the mappings were read once, at the start");
+    }
+
+    #[test]
+    fn stray_addresses_read_the_mappings_at_most_once_per_interval() {
+        let (lo, _) = executable_text().expect("this test binary's code");
+        let mut s = AddressSymbolizer::new(16 << 20);
+        s.prefetch([&[lo + 64][..]]);
+        assert_eq!(s.map_reads, 1);
+        // Never mapped: what a frame-pointer walk through code built without frame
+        // pointers can leave in a stack.
+        let frames = s.stack(&[0x10]);
+        assert_eq!(&*frames[0].function, "0x10");
+        assert_eq!(
+            s.map_reads, 2,
+            "an address outside every mapping reads them again"
+        );
+        for stray in [0x20, 0x30, 0x10] {
+            s.stack(&[stray]);
+        }
+        assert_eq!(s.map_reads, 2, "not again within {REMAP_INTERVAL:?}");
+        // Within the interval they are not cached under their hex names (they may
+        // be code mapped since): each is asked again.
+        let calls = s.calls;
+        s.stack(&[0x20]);
+        assert_eq!(s.calls, calls + 1);
+    }
+
+    #[test]
+    fn code_mapped_after_the_first_call_is_still_named() {
+        let (lo, _) = executable_text().expect("this test binary's code");
+        let mut s = AddressSymbolizer::new(16 << 20);
+        s.prefetch([&[lo + 64][..]]);
+        // A library mapped after the first call stands for code the symbolizer has
+        // not seen (a plugin loaded with dlopen). liblzma: on every Debian system
+        // (dpkg needs it), and nothing in this test binary links it.
+        let mapped = |p: &str| {
+            std::fs::read_to_string("/proc/self/maps")
+                .unwrap()
+                .contains(p)
+        };
+        assert!(
+            !mapped("liblzma.so"),
+            "liblzma not mapped before the test maps it"
+        );
+        let addr = crate::sys::dlopen_symbol(c"liblzma.so.5", c"lzma_version_string")
+            .expect("liblzma's lzma_version_string");
+        let frames = s.stack(&[addr]);
+        assert!(
+            frames.iter().any(|f| &*f.function == "lzma_version_string"),
+            "an address in code mapped after the first call: {frames:?}"
+        );
     }
 
     #[test]

@@ -139,3 +139,19 @@ pub(crate) fn signal_thread(tid: i32) -> bool {
     // SAFETY: tgkill only sends a signal; a wrong tid yields ESRCH, nothing unsafe.
     unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, libc::SIGPROF) == 0 }
 }
+
+/// Maps the shared library `lib` into this process (`dlopen`, never closed) and
+/// returns the address of its symbol `sym`, for tests of code mapped after the
+/// symbolizer first read the process's mappings.
+#[cfg(all(test, target_os = "linux"))]
+pub(crate) fn dlopen_symbol(lib: &std::ffi::CStr, sym: &std::ffi::CStr) -> Option<u64> {
+    // SAFETY: both names are NUL-terminated C strings; the handle is never closed,
+    // so the returned address stays mapped for the rest of the process.
+    let handle = unsafe { libc::dlopen(lib.as_ptr(), libc::RTLD_NOW) };
+    if handle.is_null() {
+        return None;
+    }
+    // SAFETY: `handle` is a live handle from dlopen; `sym` is NUL-terminated.
+    let addr = unsafe { libc::dlsym(handle, sym.as_ptr()) } as u64;
+    (addr != 0).then_some(addr)
+}
