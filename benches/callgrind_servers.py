@@ -2,8 +2,9 @@
 """Where `overhead`'s servers spend their instructions per request, under Callgrind.
 
 Runs `overhead serve --mode MODE` under `valgrind --tool=callgrind` for each mode
-given (one file per thread), warms it up with 4 s of JSON requests, zeroes the
-counters, sends it SECONDS of closed-loop JSON requests on one connection from
+given (one file per thread), warms it up with 4 s of requests (the JSON API, or the
+checkout mix with `--workload checkout`), zeroes the
+counters, sends it SECONDS of closed-loop requests on one connection from
 `overhead load`, stops it, and reads the tokio workers' threads only (the spanprof
 collector, the span exporter and the Pyroscope push run elsewhere). It prints, per
 mode, instructions per request, calls to glibc's `malloc` and how many of them missed
@@ -13,6 +14,7 @@ inclusive cost per request of spanprof's entry points.
 
     cargo build --release -p spanprof-bench --bin overhead
     python3 benches/callgrind_servers.py 12 stack baseline [baseline-noprocessor ...]
+    python3 benches/callgrind_servers.py --workload checkout 40 stack baseline
 
 Exclusive costs sum to the total, so their differences add up to the difference of
 the totals; inclusive costs (summed over the calls into a function) overlap: a
@@ -99,7 +101,7 @@ def annotate(path):
     return total, costs
 
 
-def measure(mode, seconds, outdir):
+def measure(mode, seconds, outdir, workload):
     out = f"{outdir}/callgrind.{mode}.out"
     server = subprocess.Popen(
         ["valgrind", "--tool=callgrind", "--separate-threads=yes",
@@ -111,7 +113,7 @@ def measure(mode, seconds, outdir):
 
     def load(secs):
         res = subprocess.run(
-            [EXE, "load", "--url", url, "--workload", "json", "--secs", str(secs),
+            [EXE, "load", "--url", url, "--workload", workload, "--secs", str(secs),
              "--concurrency", "1"], capture_output=True, text=True, check=True)
         return int(res.stdout.split()[0])
 
@@ -145,10 +147,14 @@ def measure(mode, seconds, outdir):
 
 
 def main():
-    seconds = float(sys.argv[1])
-    modes = sys.argv[2:]
+    args = sys.argv[1:]
+    workload = "json"
+    if args[:1] == ["--workload"]:
+        workload, args = args[1], args[2:]
+    seconds = float(args[0])
+    modes = args[1:]
     with tempfile.TemporaryDirectory() as outdir:
-        results = {mode: measure(mode, seconds, outdir) for mode in modes}
+        results = {mode: measure(mode, seconds, outdir, workload) for mode in modes}
     per = {m: r["requests"] for m, r in results.items()}
     print("mode: requests, instructions per request on the workers, malloc calls per "
           "request, of which missed the thread cache")

@@ -29,8 +29,8 @@ struct Tracked {
     /// is turned on, never grown: a queue grown one id per span put buffer after
     /// buffer into the malloc arena of the worker thread serving the request, and in
     /// about half of the server processes measured glibc then had the workers wait
-    /// on their arenas' locks, 0.15-0.65 waits per request (docs/benchmarks.md,
-    /// issue 12, 9.).
+    /// on their arenas' locks, 0.15-0.65 waits per request
+    /// (docs/overhead-history.md, 9.).
     order: VecDeque<u64>,
 }
 
@@ -148,7 +148,7 @@ mod tests {
         // A queue grown one id per span put buffer after buffer into the malloc arena
         // of the worker serving the request; in about half of the server processes
         // measured glibc then made the workers wait on their arenas' locks
-        // (docs/benchmarks.md, issue 12, 9.). Its storage is allocated when tracking
+        // (docs/overhead-history.md, 9.). Its storage is allocated when tracking
         // is turned on.
         let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         enable();
