@@ -315,7 +315,12 @@ impl StackCache {
         if let Some(s) = self.cache.get(addrs) {
             return s.clone();
         }
+        let provisional = symbolizer.provisional;
         let s = symbolizer.stack(addrs);
+        if symbolizer.provisional != provisional {
+            // Named in part before its code could be looked up: asked again later.
+            return s;
+        }
         // The key's slice, and the frames in their shared allocation (the store
         // may share it too; counted here in full).
         let bytes = std::mem::size_of_val(addrs)
@@ -481,19 +486,43 @@ mod tests {
     }
 
     #[test]
+    fn a_stack_named_before_its_code_could_be_mapped_is_not_kept() {
+        // An address outside every known mapping, met within a second of the last
+        // re-read of the mappings, gets its hex value as a name for now (it may be
+        // code loaded since): a stack holding it must be symbolized again later, not
+        // kept with that name.
+        let (lo, _) = crate::symbolize::executable_text().expect("this test binary's code");
+        let mut symbolizer = AddressSymbolizer::new(1 << 20);
+        let mut cache = StackCache::new(1 << 20);
+        cache.stack(&[lo + 64], &mut symbolizer);
+        // The first stray address re-reads the mappings; the next one, within the
+        // interval, cannot.
+        cache.stack(&[0x10, lo + 64], &mut symbolizer);
+        let provisional = [0x20, lo + 64];
+        let s = cache.stack(&provisional, &mut symbolizer);
+        assert!(s.iter().any(|f| &*f.function == "0x20"), "{s:?}");
+        assert!(
+            cache.cache.peek(&provisional[..]).is_none(),
+            "a stack with a provisional name was cached"
+        );
+        assert!(cache.cache.peek(&[lo + 64][..]).is_some());
+    }
+
+    #[test]
     fn the_stack_cache_stays_within_its_bound_and_counts_evictions() {
         const MAX: usize = 1 << 20;
         let mut symbolizer = AddressSymbolizer::new(MAX);
         let mut cache = StackCache::new(MAX);
-        // Distinct stacks of 24 frames from 64 addresses in this crate's code: many
-        // more than fit 1 MiB (each is a few KiB once symbolized).
+        // Distinct stacks of 24 frames from 64 addresses in this crate's code, each
+        // ending in an address of its own in that code: many more than fit 1 MiB
+        // (each is a few KiB once symbolized).
         let base = process as *const () as u64;
         let stacks = 5_000u64;
         for i in 0..stacks {
             let addrs: Vec<u64> = (0..24).map(|k| base + ((i >> (k % 12)) & 63)).collect();
             let addrs: Vec<u64> = std::iter::once(base + 64 + i % 7)
                 .chain(addrs)
-                .chain(std::iter::once(i))
+                .chain(std::iter::once(base + 128 + i))
                 .collect();
             let s = cache.stack(&addrs, &mut symbolizer);
             assert!(!s.is_empty());

@@ -49,6 +49,10 @@ pub(crate) struct AddressSymbolizer {
     /// Reads of the process's mappings so far (`/proc/self/maps`, for `modules` and
     /// for blazesym's copy).
     pub(crate) map_reads: u64,
+    /// Addresses named so far by their hex value only because the mappings could
+    /// not be read again yet (not cached): a stack holding one must not be kept
+    /// either.
+    pub(crate) provisional: u64,
 }
 
 /// Executable file mappings of this process from `/proc/self/maps`: (start, end,
@@ -109,9 +113,9 @@ fn module_of(modules: &[(u64, u64, String)], addr: u64) -> Option<&str> {
         .map(|(_, _, path)| path.as_str())
 }
 
-/// `[module]` for an address in a mapped file, else its hex address.
-fn unknown_name(modules: &[(u64, u64, String)], addr: u64) -> String {
-    match module_of(modules, addr) {
+/// `[module]` for an address in the mapped file `module`, else its hex address.
+fn unknown_name(module: Option<&str>, addr: u64) -> String {
+    match module {
         Some(path) => format!("[{}]", path.rsplit('/').next().unwrap_or(path)),
         None => format!("0x{addr:x}"),
     }
@@ -138,6 +142,7 @@ impl AddressSymbolizer {
             remapped_at: None,
             calls: 0,
             map_reads: 0,
+            provisional: 0,
         }
     }
 
@@ -276,12 +281,13 @@ impl AddressSymbolizer {
                     let frames = match sym {
                         Symbolized::Sym(sym) => sym_frames(&mut self.names, &sym, addr),
                         Symbolized::Unknown(_) => {
-                            let n = unknown_name(&self.modules, addr);
-                            let f = synthetic(&mut self.names, &n, addr);
-                            if !current && module_of(&self.modules, addr).is_none() {
+                            let module = module_of(&self.modules, addr);
+                            let f = synthetic(&mut self.names, &unknown_name(module, addr), addr);
+                            if !current && module.is_none() {
                                 // Perhaps code mapped since the last read of the
                                 // mappings: named by its address this time, asked
                                 // again once the mappings can be read again.
+                                self.provisional += 1;
                                 found.insert(addr, f);
                                 continue;
                             }
@@ -303,7 +309,7 @@ impl AddressSymbolizer {
             Err(e) => {
                 tracing::debug!(error = %e, "spanprof: symbolization failed");
                 for &addr in missing {
-                    let n = unknown_name(&self.modules, addr);
+                    let n = unknown_name(module_of(&self.modules, addr), addr);
                     let f = synthetic(&mut self.names, &n, addr);
                     self.keep(addr, f.clone());
                     found.insert(addr, f);
