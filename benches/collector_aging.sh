@@ -8,17 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODE=$1; RATE=$2; CHUNK=$3; N=$4
-EXE=target/release/overhead
-coproc SRV { exec $EXE serve --mode $MODE --sink http://127.0.0.1:9 2>/dev/null; }
-read -r line <&"${SRV[0]}"; PORT=${line#port }
-URL=http://127.0.0.1:$PORT
-cpu() { # collector and worker CPU ns (schedstat)
-  local c=0 w=0
-  for t in /proc/$SRV_PID/task/*; do
-    n=$(cat $t/comm); v=$(cut -d' ' -f1 $t/schedstat)
-    case "$n" in spanprof-collec) c=$((c+v));; tokio-rt-worker) w=$((w+v));; esac
-  done; echo "$c $w"
-}
+. benches/serve.sh
+start_server "$MODE"
+cpu() { echo "$(thread_cpu spanprof-collec) $(thread_cpu tokio-rt-worker)"; }
 read c0 w0 < <(cpu)
 for i in $(seq 1 $N); do
   r=$($EXE load --url $URL --workload json --secs $CHUNK --rate $RATE | cut -d' ' -f1)

@@ -12,19 +12,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-baseline}; WARM=${2:-90}; REC=${3:-60}
-EXE=${EXE:-target/release/overhead}
-coproc SRV { exec $EXE serve --mode $MODE --sink http://127.0.0.1:9 2>/dev/null; }
-read -r line <&"${SRV[0]}"; PORT=${line#port }
-URL=http://127.0.0.1:$PORT
+. benches/serve.sh
+start_server "$MODE"
 $EXE load --url $URL --workload json --secs $WARM --rate 1000 >/dev/null
-tid() { for t in /proc/$SRV_PID/task/*; do [ "$(cat $t/comm)" = "$1" ] && basename $t || true; done; }
-C=$(tid spanprof-collec); D=$(tid spanprof-drain)
-cpu() { cut -d' ' -f1 /proc/$SRV_PID/task/$1/schedstat; }
-c0=$(cpu $C); d0=$(cpu $D)
+C=$(thread_ids spanprof-collec)
+c0=$(thread_cpu spanprof-collec); d0=$(thread_cpu spanprof-drain)
 perf record -q -e cpu-clock -F 4999 -g -t $C -o /tmp/collector.perf.data -- sleep $REC &
 PERF=$!
 r=$($EXE load --url $URL --workload json --secs $REC --rate 1000 | cut -d' ' -f1)
 wait $PERF
-c1=$(cpu $C); d1=$(cpu $D)
+c1=$(thread_cpu spanprof-collec); d1=$(thread_cpu spanprof-drain)
 python3 -c "print(f'requests $r: collector {($c1-$c0)/1000/$r:.3f} us/req, drain {($d1-$d0)/1000/$r:.3f} us/req')"
 kill $SRV_PID

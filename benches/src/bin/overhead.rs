@@ -40,7 +40,9 @@
 //!
 //! With `--compare BINARY` another build of this binary (an earlier commit's) serves
 //! `--compare-mode` (default `baseline`) as one more mode, `compare`: a before/after
-//! measured side by side, in the same rounds.
+//! measured side by side, in the same rounds. The JSON then has
+//! `after_over_before`: per round, that mode's ratio to the stack over `compare`'s,
+//! its median and interval (`_lo`, `_hi`) and each set's median (`_segments`).
 //!
 //! With `--modes baseline,baseline-nospans,baseline-nohooks` it runs `stack` and the
 //! listed modes only (`--modes ablations`: every ablation; an unknown name is an error), including ablations of `baseline` (no tracing integration, no
@@ -818,6 +820,29 @@ fn coordinate() {
         }
     }
 
+    // The median of per-round values `v` as `key`, its interval as `key_lo` and
+    // `key_hi`, and each set of processes' median as `key_segments`.
+    let insert_median_ci =
+        |m: &mut serde_json::Map<String, serde_json::Value>, key: &str, v: &[f64]| {
+            let segments: Vec<usize> = (0..v.len()).map(segment_of).collect();
+            let (med, lo, hi) = median_ci_segments(v, &segments);
+            let per_segment: Vec<f64> = (0..restarts)
+                .map(|k| {
+                    let in_k: Vec<f64> = v
+                        .iter()
+                        .zip(&segments)
+                        .filter(|(_, sg)| **sg == k)
+                        .map(|(x, _)| *x)
+                        .collect();
+                    median(&in_k)
+                })
+                .collect();
+            m.insert(format!("{key}_segments"), per_segment.into());
+            m.insert(key.into(), med.into());
+            m.insert(format!("{key}_lo"), lo.into());
+            m.insert(format!("{key}_hi"), hi.into());
+            (med, lo, hi)
+        };
     let mut out = serde_json::Map::new();
     let mut plot_rows = Vec::new();
     for (wi, w) in workloads.iter().enumerate() {
@@ -857,25 +882,16 @@ fn coordinate() {
                 .zip(&stack)
                 .map(|(a, b)| a / b)
                 .collect();
-            let segments: Vec<usize> = (0..r.len()).map(segment_of).collect();
-            let (med, lo, hi) = median_ci_segments(&r, &segments);
-            let per_segment: Vec<f64> = (0..restarts)
-                .map(|k| {
-                    let v: Vec<f64> = r
-                        .iter()
-                        .zip(&segments)
-                        .filter(|(_, sg)| **sg == k)
-                        .map(|(x, _)| *x)
-                        .collect();
-                    median(&v)
-                })
-                .collect();
-            m.insert(format!("ratio_{name}_segments"), per_segment.into());
-            m.insert(format!("ratio_{name}"), med.into());
-            m.insert(format!("ratio_{name}_lo"), lo.into());
-            m.insert(format!("ratio_{name}_hi"), hi.into());
+            let (med, lo, hi) = insert_median_ci(&mut m, &format!("ratio_{name}"), &r);
             m.insert(format!("ratio_{name}_rounds"), r.clone().into());
             ratios.push((name, med, lo, hi, r));
+        }
+        // A before/after run: per round, this build's ratio over the earlier build's,
+        // so whatever the machine did in a round cancels out of the quotient.
+        let rounds_of = |mode: &str| ratios.iter().find(|r| r.0 == mode).map(|r| &r.4);
+        if let (Some(after), Some(before)) = (rounds_of(&compare_mode), rounds_of("compare")) {
+            let q: Vec<f64> = after.iter().zip(before).map(|(a, b)| a / b).collect();
+            insert_median_ci(&mut m, "after_over_before", &q);
         }
         plot_rows.push((w.clone(), ratios));
         out.insert(w.clone(), m.into());
@@ -883,7 +899,10 @@ fn coordinate() {
     // The JSON workload's figures also at the top level, as issue 12 names them.
     if let Some(serde_json::Value::Object(first)) = out.get("json").cloned() {
         for (k, v) in first {
-            if (k.starts_with("ratio_") || k.starts_with("cpu_per_req_")) && !k.ends_with("_rounds")
+            if (k.starts_with("ratio_")
+                || k.starts_with("cpu_per_req_")
+                || k.starts_with("after_over_before"))
+                && !k.ends_with("_rounds")
             {
                 out.insert(k, v);
             }

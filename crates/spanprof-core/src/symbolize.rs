@@ -39,15 +39,13 @@ pub(crate) struct AddressSymbolizer {
     /// from code already known, and to name addresses no symbol covers
     /// (`[libc.so.6]`).
     modules: Vec<(u64, u64, String)>,
-    /// Whether `modules` and blazesym's copy have been read.
-    mapped: bool,
     /// When an address outside every known mapping last made them be read again.
     remapped_at: Option<Instant>,
     /// Calls into blazesym so far (each walks the symbol tables of the files it
     /// touches).
     pub(crate) calls: u64,
     /// Reads of the process's mappings so far (`/proc/self/maps`, for `modules` and
-    /// for blazesym's copy).
+    /// for blazesym's copy); none yet until the first call.
     pub(crate) map_reads: u64,
     /// Addresses named so far by their hex value only because the mappings could
     /// not be read again yet (not cached): a stack holding one must not be kept
@@ -138,7 +136,6 @@ impl AddressSymbolizer {
             cache: BoundedCache::new(max_bytes / 4 * 3),
             names: BoundedCache::new(max_bytes / 4),
             modules: Vec::new(),
-            mapped: false,
             remapped_at: None,
             calls: 0,
             map_reads: 0,
@@ -153,7 +150,7 @@ impl AddressSymbolizer {
     /// [`REMAP_INTERVAL`]. Returns whether the mappings are current for `missing`:
     /// read now, or covering every address of it.
     fn sync_mappings(&mut self, missing: &[u64]) -> bool {
-        if self.mapped {
+        if self.map_reads > 0 {
             if missing
                 .iter()
                 .all(|&a| module_of(&self.modules, a).is_some())
@@ -169,7 +166,6 @@ impl AddressSymbolizer {
             }
             self.remapped_at = Some(now);
         }
-        self.mapped = true;
         self.modules = read_modules();
         self.map_reads += 1;
         let vmas = Cache::Process(cache::Process::new(Pid::Slf));

@@ -89,7 +89,7 @@ impl<P: SpanProcessor> SpanProcessor for SpanProfileProcessor<P> {
                 .chain(hot);
             // One allocation of the final length, not a doubling: the span usually
             // holds a dozen attributes already. (Whether the growth costs more in the
-            // allocator was measured: it does not, docs/overhead-history.md, 7.)
+            // allocator was measured: it does not, docs/overhead-history.md, 7. and 12.)
             span.attributes.reserve_exact(figures.size_hint().0);
             span.attributes.extend(figures);
         }
