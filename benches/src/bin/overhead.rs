@@ -192,7 +192,7 @@ fn serve(mode: &str, sink: &str) {
         .expect("profiler");
     let provider = if processor {
         SdkTracerProvider::builder()
-            .with_span_processor(SpanProfileProcessor::new(service::batch_processor()))
+            .with_span_processor(SpanProfileProcessor::batch(service::DiscardingExporter))
             .build()
     } else {
         SdkTracerProvider::builder()

@@ -1,5 +1,7 @@
 //! Labels of live spans by span id, so the span processor can write each span's
-//! figures onto it when it ends. Bounded: the oldest entries go first, counted.
+//! figures onto it when it ends, or (a batching pipeline,
+//! [`crate::SpanProfileProcessor::batch`]) keep the ended span's figures until the
+//! exporting thread writes them. Bounded: the oldest entries go first, counted.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -19,11 +21,54 @@ const SHARDS: usize = 16; // `shard` takes the top 4 bits of a hash
 
 const MAX_PER_SHARD: usize = MAX_TRACKED_SPANS / SHARDS;
 
+/// What the table holds for one span.
+enum Entry {
+    /// The span is live: its labels.
+    Live(SpanLabels),
+    /// The span has ended and its figures wait for the exporting thread.
+    Ended(Figures),
+}
+
+/// An ended span's figures, read from its labels on the thread that ended it, so
+/// the labels are released there and the exporting thread frees nothing the
+/// request's thread allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Figures {
+    /// The span's id.
+    pub span_id: u64,
+    /// Whether the span carries its own profile id (`pyroscope.profile.id`).
+    pub own_profile_id: bool,
+    pub busy_ns: u64,
+    pub polls: u64,
+    pub max_poll_ns: u64,
+    pub cpu_samples: u64,
+    pub cpu_ns: u64,
+    /// `sampled` or `slow` when profiled at the high rate.
+    pub hot: Option<&'static str>,
+}
+
+impl Figures {
+    pub(crate) fn of(labels: &SpanLabels) -> Figures {
+        let stats = labels.poll_stats();
+        Figures {
+            span_id: labels.span_id(),
+            own_profile_id: scope() == ProfileScope::AllSpans
+                || labels.root_span_id() == labels.span_id(),
+            busy_ns: stats.busy_ns,
+            polls: stats.polls,
+            max_poll_ns: stats.max_poll_ns,
+            cpu_samples: labels.cpu_samples(),
+            cpu_ns: labels.cpu_ns(),
+            hot: labels.hotness().as_str(),
+        }
+    }
+}
+
 struct Tracked {
     /// foldhash rather than SipHash (with the route tables and the interner, 508
     /// fewer instructions per layered request, docs/benchmarks.md); the ids are the
     /// service's own, its seed random.
-    by_id: HashMap<u64, SpanLabels, foldhash::fast::RandomState>,
+    by_id: HashMap<u64, Entry, foldhash::fast::RandomState>,
     /// Ids in the order they were tracked, taken ones included until the queue
     /// holds [`ORDER_CAPACITY`] ids and is compacted. Allocated in full when tracking
     /// is turned on, never grown: a queue grown one id per span put buffer after
@@ -39,6 +84,13 @@ struct Tracked {
 /// shard, 1 MiB in all, its pages touched as ids are written.
 const ORDER_CAPACITY: usize = 2 * MAX_PER_SHARD + 1;
 
+/// Room each shard's table starts with: the spans of a request or two in flight per
+/// shard, and, with [`crate::SpanProfileProcessor::batch`], the ended spans waiting for
+/// the batch processor's thread (its default queue holds 2 048, a sixteenth of them
+/// per shard, twice over). The table grows beyond it on the thread that tracks a
+/// span; starting with the room, a steady service never grows it on a request.
+const INITIAL_PER_SHARD: usize = 256;
+
 /// One shard, alone on its cache lines.
 #[repr(align(128))]
 struct Shard(Mutex<Tracked>);
@@ -46,20 +98,25 @@ struct Shard(Mutex<Tracked>);
 static TRACKED: LazyLock<[Shard; SHARDS]> = LazyLock::new(|| {
     std::array::from_fn(|_| {
         Shard(Mutex::new(Tracked {
-            by_id: HashMap::default(),
+            by_id: HashMap::with_capacity_and_hasher(INITIAL_PER_SHARD, Default::default()),
             order: VecDeque::with_capacity(ORDER_CAPACITY),
         }))
     })
 });
 
+/// The shard of `span_id`: the top bits of a multiplicative hash, so ids spread
+/// over the shards even from an id generator whose low bits are regular
+/// (OpenTelemetry's are random, a user's `IdGenerator` need not be).
+fn shard_of(span_id: u64) -> usize {
+    (span_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize
+}
+
+fn lock(shard: usize) -> std::sync::MutexGuard<'static, Tracked> {
+    TRACKED[shard].0.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn shard(span_id: u64) -> std::sync::MutexGuard<'static, Tracked> {
-    // The top bits of a multiplicative hash: ids spread over the shards even from an
-    // id generator whose low bits are regular (OpenTelemetry's are random, a user's
-    // `IdGenerator` need not be).
-    TRACKED[(span_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize]
-        .0
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+    lock(shard_of(span_id))
 }
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -98,7 +155,10 @@ pub(crate) fn track(labels: &SpanLabels) {
         return;
     }
     let mut t = shard(labels.span_id());
-    if t.by_id.insert(labels.span_id(), labels.clone()).is_none() {
+    if t.by_id
+        .insert(labels.span_id(), Entry::Live(labels.clone()))
+        .is_none()
+    {
         t.order.push_back(labels.span_id());
     }
     while t.by_id.len() > MAX_PER_SHARD {
@@ -116,14 +176,66 @@ pub(crate) fn track(labels: &SpanLabels) {
     }
 }
 
-/// Takes the labels of an ending span.
-pub(crate) fn take(span_id: u64) -> Option<SpanLabels> {
-    shard(span_id).by_id.remove(&span_id)
+/// Takes the figures of an ending span, releasing its labels.
+pub(crate) fn take(span_id: u64) -> Option<Figures> {
+    let entry = shard(span_id).by_id.remove(&span_id)?;
+    // The labels are released after the lock.
+    Some(match entry {
+        Entry::Live(labels) => Figures::of(&labels),
+        Entry::Ended(figures) => figures,
+    })
 }
 
-/// Spans dropped from tracking because too many were live: more than
+/// Takes the figures of the spans `ids` (a batch being exported) into `out`, in
+/// order, locking each shard of the table once rather than once a span: the
+/// request threads take those locks too.
+pub(crate) fn take_many(ids: &[u64], out: &mut Vec<Option<Figures>>) {
+    out.clear();
+    out.resize(ids.len(), None);
+    let mut order: Vec<(usize, usize)> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| (shard_of(id), i))
+        .collect();
+    order.sort_unstable();
+    let mut released = Vec::new();
+    for run in order.chunk_by(|a, b| a.0 == b.0) {
+        let mut t = lock(run[0].0);
+        for &(_, i) in run {
+            out[i] = match t.by_id.remove(&ids[i]) {
+                Some(Entry::Ended(figures)) => Some(figures),
+                Some(Entry::Live(labels)) => {
+                    let figures = Figures::of(&labels);
+                    released.push(labels);
+                    Some(figures)
+                }
+                None => None,
+            };
+        }
+    }
+    drop(released);
+}
+
+/// Marks a span ended: keeps its figures for [`take`] on the exporting thread and
+/// releases its labels here, on the thread that ended it.
+pub(crate) fn end(span_id: u64) {
+    let mut t = shard(span_id);
+    let Some(entry) = t.by_id.get_mut(&span_id) else {
+        return;
+    };
+    let Entry::Live(labels) = entry else { return };
+    let figures = Figures::of(labels);
+    let old = std::mem::replace(entry, Entry::Ended(figures));
+    drop(t);
+    drop(old);
+}
+
+/// Spans dropped from tracking because too many were held: more than
 /// [`MAX_TRACKED_SPANS`] in all, or more than a sixteenth of it among the spans
-/// whose ids share a shard of the table (the oldest of those goes first).
+/// whose ids share a shard of the table (the oldest of those goes first). Held are
+/// live spans, and with [`crate::SpanProfileProcessor::batch`] ended spans whose
+/// figures wait for the batch processor's thread: a span that processor drops (its
+/// queue full) is never exported, and is counted here when its figures are evicted.
 pub fn tracking_evicted() -> u64 {
     EVICTED.load(Ordering::Relaxed)
 }
@@ -165,6 +277,44 @@ mod tests {
             assert!(take(base + i).is_some());
         }
         assert_eq!(order_capacities(), at_enable);
+    }
+
+    #[test]
+    fn ended_spans_keep_their_figures_for_the_batch_thread_once() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        enable();
+        let base = 0xbeef_0000_0000_0000u64;
+        let labels: Vec<SpanLabels> = (0..40)
+            .map(|i| SpanLabels::builder().span_id(base + i).build())
+            .collect();
+        for l in &labels {
+            track(l);
+        }
+        // The first half ends on the request's thread; the rest are still live.
+        for l in &labels[..20] {
+            end(l.span_id());
+        }
+        let mut ids: Vec<u64> = labels.iter().map(|l| l.span_id()).rev().collect();
+        ids.push(base + 1000); // never tracked
+        let mut out = Vec::new();
+        take_many(&ids, &mut out);
+        assert_eq!(out.len(), ids.len());
+        for (id, figures) in ids.iter().zip(&out) {
+            if *id == base + 1000 {
+                assert_eq!(*figures, None);
+            } else {
+                assert_eq!(
+                    figures.map(|f| f.span_id),
+                    Some(*id),
+                    "in the batch's order"
+                );
+            }
+        }
+        // Taken once: a second batch with the same spans finds nothing.
+        take_many(&ids, &mut out);
+        assert!(out.iter().all(Option::is_none));
+        // The registry holds no reference to the labels any more.
+        assert!(labels.iter().all(|l| take(l.span_id()).is_none()));
     }
 
     #[test]
