@@ -4,7 +4,7 @@
 //! exporting thread writes them. Bounded: the oldest entries go first, counted.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex};
 
 use spanprof_core::SpanLabels;
@@ -25,17 +25,16 @@ const MAX_PER_SHARD: usize = MAX_TRACKED_SPANS / SHARDS;
 enum Entry {
     /// The span is live: its labels.
     Live(SpanLabels),
-    /// The span has ended and its figures wait for the exporting thread.
-    Ended(Figures),
+    /// The span has ended and its figures wait for the exporting thread, since the
+    /// export numbered `epoch` (see [`take_many`]).
+    Ended { figures: Figures, epoch: u32 },
 }
 
 /// An ended span's figures, read from its labels on the thread that ended it, so
-/// the labels are released there and the exporting thread frees nothing the
-/// request's thread allocated.
+/// the labels are released there and the request's thread allocates nothing for
+/// the attributes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Figures {
-    /// The span's id.
-    pub span_id: u64,
     /// Whether the span carries its own profile id (`pyroscope.profile.id`).
     pub own_profile_id: bool,
     pub busy_ns: u64,
@@ -51,7 +50,6 @@ impl Figures {
     pub(crate) fn of(labels: &SpanLabels) -> Figures {
         let stats = labels.poll_stats();
         Figures {
-            span_id: labels.span_id(),
             own_profile_id: scope() == ProfileScope::AllSpans
                 || labels.root_span_id() == labels.span_id(),
             busy_ns: stats.busy_ns,
@@ -182,14 +180,31 @@ pub(crate) fn take(span_id: u64) -> Option<Figures> {
     // The labels are released after the lock.
     Some(match entry {
         Entry::Live(labels) => Figures::of(&labels),
-        Entry::Ended(figures) => figures,
+        Entry::Ended { figures, .. } => figures,
     })
 }
 
+/// Exports so far (calls of [`take_many`]): an ended span's figures are stamped
+/// with it.
+static EXPORTS: AtomicU32 = AtomicU32::new(0);
+
+/// Ended spans swept because no batch carried them.
+static UNEXPORTED: AtomicU64 = AtomicU64::new(0);
+
+/// Exports after which an ended span no batch carried is swept: the batch
+/// processor dropped it (its queue was full) or will never export it. With the
+/// default queue (2 048 spans, batches of 512) a span waits at most a few exports.
+const STALE_AFTER_EXPORTS: u32 = 256;
+
+/// How often, in exports, the sweep runs (it visits every entry).
+const SWEEP_EVERY: u32 = 64;
+
 /// Takes the figures of the spans `ids` (a batch being exported) into `out`, in
 /// order, locking each shard of the table once rather than once a span: the
-/// request threads take those locks too.
+/// request threads take those locks too. Every [`SWEEP_EVERY`] exports, also
+/// sweeps ended spans older than [`STALE_AFTER_EXPORTS`] exports.
 pub(crate) fn take_many(ids: &[u64], out: &mut Vec<Option<Figures>>) {
+    let epoch = EXPORTS.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
     out.clear();
     out.resize(ids.len(), None);
     let mut order: Vec<(usize, usize)> = ids
@@ -203,7 +218,7 @@ pub(crate) fn take_many(ids: &[u64], out: &mut Vec<Option<Figures>>) {
         let mut t = lock(run[0].0);
         for &(_, i) in run {
             out[i] = match t.by_id.remove(&ids[i]) {
-                Some(Entry::Ended(figures)) => Some(figures),
+                Some(Entry::Ended { figures, .. }) => Some(figures),
                 Some(Entry::Live(labels)) => {
                     let figures = Figures::of(&labels);
                     released.push(labels);
@@ -214,6 +229,24 @@ pub(crate) fn take_many(ids: &[u64], out: &mut Vec<Option<Figures>>) {
         }
     }
     drop(released);
+    if epoch.is_multiple_of(SWEEP_EVERY) {
+        sweep(epoch);
+    }
+}
+
+/// Removes ended spans stamped more than [`STALE_AFTER_EXPORTS`] exports before
+/// `epoch`, counted in [`ended_unexported`].
+fn sweep(epoch: u32) {
+    for shard in 0..SHARDS {
+        let mut t = lock(shard);
+        let before = t.by_id.len();
+        t.by_id.retain(|_, e| match e {
+            Entry::Ended { epoch: at, .. } => epoch.wrapping_sub(*at) <= STALE_AFTER_EXPORTS,
+            Entry::Live(_) => true,
+        });
+        let swept = before - t.by_id.len();
+        UNEXPORTED.fetch_add(swept as u64, Ordering::Relaxed);
+    }
 }
 
 /// Marks a span ended: keeps its figures for [`take`] on the exporting thread and
@@ -225,9 +258,18 @@ pub(crate) fn end(span_id: u64) {
     };
     let Entry::Live(labels) = entry else { return };
     let figures = Figures::of(labels);
-    let old = std::mem::replace(entry, Entry::Ended(figures));
+    let epoch = EXPORTS.load(Ordering::Relaxed);
+    let old = std::mem::replace(entry, Entry::Ended { figures, epoch });
     drop(t);
     drop(old);
+}
+
+/// Spans [`crate::SpanProfileProcessor::batch`] saw end whose figures no batch of
+/// its exporter carried within 256 exports: the batch processor dropped them (its
+/// queue was full; it counts them too) or never exported them. Their attributes
+/// were never written; the registry let go of their figures.
+pub fn ended_unexported() -> u64 {
+    UNEXPORTED.load(Ordering::Relaxed)
 }
 
 /// Spans dropped from tracking because too many were held: more than
@@ -294,6 +336,11 @@ mod tests {
         for l in &labels[..20] {
             end(l.span_id());
         }
+        // Promoted after it ended, a span's figures do not change: they were read
+        // as it ended. A live span's are read when taken.
+        for l in &labels {
+            l.promote(spanprof_core::Hotness::Slow);
+        }
         let mut ids: Vec<u64> = labels.iter().map(|l| l.span_id()).rev().collect();
         ids.push(base + 1000); // never tracked
         let mut out = Vec::new();
@@ -303,11 +350,9 @@ mod tests {
             if *id == base + 1000 {
                 assert_eq!(*figures, None);
             } else {
-                assert_eq!(
-                    figures.map(|f| f.span_id),
-                    Some(*id),
-                    "in the batch's order"
-                );
+                let ended = *id < base + 20;
+                let hot = figures.expect("tracked").hot;
+                assert_eq!(hot, (!ended).then_some("slow"), "span {id:x}");
             }
         }
         // Taken once: a second batch with the same spans finds nothing.
@@ -315,6 +360,40 @@ mod tests {
         assert!(out.iter().all(Option::is_none));
         // The registry holds no reference to the labels any more.
         assert!(labels.iter().all(|l| take(l.span_id()).is_none()));
+    }
+
+    #[test]
+    fn ended_spans_no_batch_carries_are_swept_and_counted() {
+        // The batch processor drops spans when its queue is full, after `on_end`
+        // kept their figures: no batch ever takes those, and without a sweep they
+        // stayed until the table's bound, growing it on the request threads.
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        enable();
+        let base = 0xdead_0000_0000_0000u64;
+        let dropped = SpanLabels::builder().span_id(base).build();
+        let exported = SpanLabels::builder().span_id(base + 1).build();
+        track(&dropped);
+        track(&exported);
+        end(base);
+        end(base + 1);
+        let unexported = ended_unexported();
+        let mut out = Vec::new();
+        // Batches that carry other spans, as many as a span may wait in a full
+        // default queue: nothing is swept yet.
+        for _ in 0..8 {
+            take_many(&[base + 2], &mut out);
+        }
+        assert_eq!(ended_unexported(), unexported);
+        take_many(&[base + 1], &mut out);
+        assert!(
+            out[0].is_some(),
+            "a span exported late still has its figures"
+        );
+        for _ in 0..2 * STALE_AFTER_EXPORTS {
+            take_many(&[base + 2], &mut out);
+        }
+        assert_eq!(ended_unexported() - unexported, 1);
+        assert!(take(base).is_none(), "swept");
     }
 
     #[test]
