@@ -46,8 +46,18 @@ pub(crate) struct Figures {
     pub hot: Option<&'static str>,
 }
 
+impl Entry {
+    /// The span's figures: read from its labels now if it is live.
+    fn figures(&self) -> Figures {
+        match self {
+            Entry::Live(labels) => Figures::of(labels),
+            Entry::Ended { figures, .. } => *figures,
+        }
+    }
+}
+
 impl Figures {
-    pub(crate) fn of(labels: &SpanLabels) -> Figures {
+    fn of(labels: &SpanLabels) -> Figures {
         let stats = labels.poll_stats();
         Figures {
             own_profile_id: scope() == ProfileScope::AllSpans
@@ -176,12 +186,9 @@ pub(crate) fn track(labels: &SpanLabels) {
 
 /// Takes the figures of an ending span, releasing its labels.
 pub(crate) fn take(span_id: u64) -> Option<Figures> {
+    // The entry (a live span's labels) is released after the lock.
     let entry = shard(span_id).by_id.remove(&span_id)?;
-    // The labels are released after the lock.
-    Some(match entry {
-        Entry::Live(labels) => Figures::of(&labels),
-        Entry::Ended { figures, .. } => figures,
-    })
+    Some(entry.figures())
 }
 
 /// Exports so far (calls of [`take_many`]): an ended span's figures are stamped
@@ -199,14 +206,12 @@ const STALE_AFTER_EXPORTS: u32 = 256;
 /// How often, in exports, the sweep runs (it visits every entry).
 const SWEEP_EVERY: u32 = 64;
 
-/// Takes the figures of the spans `ids` (a batch being exported) into `out`, in
-/// order, locking each shard of the table once rather than once a span: the
+/// Takes the figures of the spans `ids` (a batch being exported), in order, locking each shard of the table once rather than once a span: the
 /// request threads take those locks too. Every [`SWEEP_EVERY`] exports, also
 /// sweeps ended spans older than [`STALE_AFTER_EXPORTS`] exports.
-pub(crate) fn take_many(ids: &[u64], out: &mut Vec<Option<Figures>>) {
+pub(crate) fn take_many(ids: &[u64]) -> Vec<Option<Figures>> {
     let epoch = EXPORTS.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
-    out.clear();
-    out.resize(ids.len(), None);
+    let mut out = vec![None; ids.len()];
     let mut order: Vec<(usize, usize)> = ids
         .iter()
         .enumerate()
@@ -217,21 +222,18 @@ pub(crate) fn take_many(ids: &[u64], out: &mut Vec<Option<Figures>>) {
     for run in order.chunk_by(|a, b| a.0 == b.0) {
         let mut t = lock(run[0].0);
         for &(_, i) in run {
-            out[i] = match t.by_id.remove(&ids[i]) {
-                Some(Entry::Ended { figures, .. }) => Some(figures),
-                Some(Entry::Live(labels)) => {
-                    let figures = Figures::of(&labels);
-                    released.push(labels);
-                    Some(figures)
-                }
-                None => None,
-            };
+            out[i] = t.by_id.remove(&ids[i]).map(|entry| {
+                let figures = entry.figures();
+                released.push(entry); // released after the lock
+                figures
+            });
         }
     }
     drop(released);
     if epoch.is_multiple_of(SWEEP_EVERY) {
         sweep(epoch);
     }
+    out
 }
 
 /// Removes ended spans stamped more than [`STALE_AFTER_EXPORTS`] exports before
@@ -276,8 +278,8 @@ pub fn ended_unexported() -> u64 {
 /// [`MAX_TRACKED_SPANS`] in all, or more than a sixteenth of it among the spans
 /// whose ids share a shard of the table (the oldest of those goes first). Held are
 /// live spans, and with [`crate::SpanProfileProcessor::batch`] ended spans whose
-/// figures wait for the batch processor's thread: a span that processor drops (its
-/// queue full) is never exported, and is counted here when its figures are evicted.
+/// figures wait for the batch processor's thread (those no batch carries are swept
+/// before the bound is reached, and counted in [`ended_unexported`]).
 pub fn tracking_evicted() -> u64 {
     EVICTED.load(Ordering::Relaxed)
 }
@@ -343,8 +345,7 @@ mod tests {
         }
         let mut ids: Vec<u64> = labels.iter().map(|l| l.span_id()).rev().collect();
         ids.push(base + 1000); // never tracked
-        let mut out = Vec::new();
-        take_many(&ids, &mut out);
+        let out = take_many(&ids);
         assert_eq!(out.len(), ids.len());
         for (id, figures) in ids.iter().zip(&out) {
             if *id == base + 1000 {
@@ -356,8 +357,7 @@ mod tests {
             }
         }
         // Taken once: a second batch with the same spans finds nothing.
-        take_many(&ids, &mut out);
-        assert!(out.iter().all(Option::is_none));
+        assert!(take_many(&ids).iter().all(Option::is_none));
         // The registry holds no reference to the labels any more.
         assert!(labels.iter().all(|l| take(l.span_id()).is_none()));
     }
@@ -377,20 +377,18 @@ mod tests {
         end(base);
         end(base + 1);
         let unexported = ended_unexported();
-        let mut out = Vec::new();
         // Batches that carry other spans, as many as a span may wait in a full
         // default queue: nothing is swept yet.
         for _ in 0..8 {
-            take_many(&[base + 2], &mut out);
+            take_many(&[base + 2]);
         }
         assert_eq!(ended_unexported(), unexported);
-        take_many(&[base + 1], &mut out);
         assert!(
-            out[0].is_some(),
+            take_many(&[base + 1])[0].is_some(),
             "a span exported late still has its figures"
         );
         for _ in 0..2 * STALE_AFTER_EXPORTS {
-            take_many(&[base + 2], &mut out);
+            take_many(&[base + 2]);
         }
         assert_eq!(ended_unexported() - unexported, 1);
         assert!(take(base).is_none(), "swept");
