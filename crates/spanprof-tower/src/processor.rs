@@ -118,7 +118,7 @@ fn write_attributes(span: &mut SpanData, figures: Figures) {
     let profile_id = figures
         .own_profile_id
         .then(|| KeyValue::new(ATTR_PROFILE_ID, format!("{:016x}", span_id(span))));
-    let hot = figures.hot.map(|hot| KeyValue::new(ATTR_HOT, hot));
+    let hot = figures.hot.as_str().map(|hot| KeyValue::new(ATTR_HOT, hot));
     let figures = profile_id
         .into_iter()
         .chain([
