@@ -3,6 +3,7 @@
 //! Samples carry 32-bit ids instead of strings, so the signal handler copies
 //! integers only. Interning happens when labels are built (off the poll path).
 
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, RwLock};
 
@@ -46,6 +47,19 @@ impl NameId {
     /// The id of `name` (at most [`MAX_NAME_LEN`] bytes kept), interning it if new.
     pub fn intern(name: &str) -> NameId {
         intern(name)
+    }
+
+    /// The id of a `'static` name such as a `tracing` span's, through a cache of
+    /// the calling thread's own: after a thread's first call for a name, no lock and
+    /// no write to memory other threads share (the interner's lock is one cache line
+    /// every thread writes). Bounded like [`NameId::intern`].
+    ///
+    /// ```
+    /// use spanprof_core::NameId;
+    /// assert_eq!(NameId::intern_static("validate_order"), NameId::intern("validate_order"));
+    /// ```
+    pub fn intern_static(name: &'static str) -> NameId {
+        intern_static(name)
     }
 
     /// The string this id stands for.
@@ -169,12 +183,56 @@ pub(crate) fn intern(s: &str) -> NameId {
     id
 }
 
+/// The interner's lock, held (see [`crate::hold_name_interner_for_test`]).
+#[cfg(feature = "testing")]
+#[allow(missing_debug_implementations)]
+pub struct InternerHeld {
+    _guard: std::sync::RwLockWriteGuard<'static, Interner>,
+}
+
+#[cfg(feature = "testing")]
+pub(crate) fn hold() -> InternerHeld {
+    InternerHeld {
+        _guard: INTERNER.write().unwrap_or_else(|e| e.into_inner()),
+    }
+}
+
 pub(crate) fn resolve(id: NameId) -> Arc<str> {
     let g = INTERNER.read().unwrap_or_else(|e| e.into_inner());
     g.names
         .get(id.0 as usize)
         .cloned()
         .unwrap_or_else(|| g.names[1].clone())
+}
+
+/// Most `'static` names a thread keeps the ids of; past it the cache starts over.
+const STATIC_CACHE_MAX: usize = 1024;
+
+thread_local! {
+    /// Ids of `'static` names this thread interned, by address and length: a
+    /// `'static` string is never freed or changed, so its address stands for it.
+    static STATIC_IDS: RefCell<FastMap<(usize, usize), NameId>> = RefCell::new(FastMap::default());
+}
+
+pub(crate) fn intern_static(s: &'static str) -> NameId {
+    let key = (s.as_ptr() as usize, s.len());
+    STATIC_IDS
+        .try_with(|ids| {
+            if let Some(&id) = ids.borrow().get(&key) {
+                return id;
+            }
+            let id = intern(s);
+            // A name past the bound may get in once the bound is raised: not kept.
+            if id != NameId::OVERFLOW {
+                let mut ids = ids.borrow_mut();
+                if ids.len() >= STATIC_CACHE_MAX {
+                    ids.clear();
+                }
+                ids.insert(key, id);
+            }
+            id
+        })
+        .unwrap_or_else(|_| intern(s))
 }
 
 /// The id of `s` if it was interned before (never inserts).

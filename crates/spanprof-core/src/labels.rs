@@ -172,12 +172,18 @@ impl SpanLabels {
     /// name; same route, hotness, slow deadline and high rate. The child of an ended
     /// span starts ended.
     pub fn child(&self, span_id: u64, span_name: &str) -> SpanLabels {
+        self.child_named(span_id, NameId::intern(span_name))
+    }
+
+    /// [`SpanLabels::child`] with the name interned already ([`NameId::intern_static`]
+    /// for a `tracing` span's name).
+    pub fn child_named(&self, span_id: u64, span_name: NameId) -> SpanLabels {
         let mut b = SpanLabels::builder()
             .trace_id(self.record.ids.trace_id)
             .span_id(span_id)
             .parent_span_id(self.record.ids.span_id)
             .root_span_id(self.record.ids.root_span_id)
-            .span_name(span_name)
+            .span_name_id(span_name)
             .route_id(self.record.ids.route)
             .hot(self.hotness());
         b.slow_deadline_ns = self.record.slow_deadline_ns;

@@ -76,6 +76,14 @@ pub fn in_signal_handler() -> bool {
     sys::in_signal_handler()
 }
 
+/// Holds the name interner's lock until the returned guard drops: for tests that
+/// show a path does not take it.
+#[doc(hidden)]
+#[cfg(feature = "testing")]
+pub fn hold_name_interner_for_test() -> intern::InternerHeld {
+    intern::hold()
+}
+
 /// The frame limit of one sample: deeper stacks are cut and marked
 /// `[truncated: stack deeper than the unwind limit]`.
 pub const MAX_FRAMES: usize = sys::MAX_FRAMES;

@@ -4,7 +4,7 @@
 
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
-use spanprof_core::{PollTimer, SpanLabels};
+use spanprof_core::{NameId, PollTimer, SpanLabels};
 use tracing::Subscriber;
 use tracing::span::{Attributes, Id};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -112,7 +112,7 @@ where
 
 /// Whether the span `id` (named `name`), entered for the first time, gets labels of
 /// its own: yes inside labelled work, unless it is the span those labels are for.
-fn decide(id: &Id, name: &str) -> Profiled {
+fn decide(id: &Id, name: &'static str) -> Profiled {
     let Some(parent) = spanprof_core::current_labels() else {
         return Profiled::No;
     };
@@ -123,7 +123,8 @@ fn decide(id: &Id, name: &str) -> Profiled {
                 Some((sid, sampled)) => (sid, true, sampled),
                 None => (random_span_id(), false, false),
             };
-            let labels = parent.child(sid, name);
+            // Interned through the thread's own cache: no shared lock per span.
+            let labels = parent.child_named(sid, NameId::intern_static(name));
             if otel && sampled {
                 registry::track(&labels);
             }
@@ -159,7 +160,46 @@ fn random_span_id() -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use spanprof_core::SpanLabels;
     use tracing_subscriber::prelude::*;
+
+    #[test]
+    fn an_inner_span_of_a_name_seen_before_takes_no_lock_of_the_interner() {
+        // Reading the interner under its lock writes the lock's reader count, one
+        // cache line every worker shares, at every inner span of every request.
+        fn inner() {
+            tracing::info_span!("validate_order_test").in_scope(|| {});
+        }
+        let subscriber = tracing_subscriber::registry().with(super::SpanProfileLayer::new());
+        let dispatch = tracing::Dispatch::new(subscriber);
+        let (warm_tx, warm_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel();
+        let (done_tx, done_rx) = mpsc::channel();
+        let worker = std::thread::spawn(move || {
+            tracing::dispatcher::with_default(&dispatch, || {
+                let parent = SpanLabels::builder().trace_id(1).span_id(7).build();
+                let _in = parent.enter();
+                inner();
+                warm_tx.send(()).ok();
+                go_rx.recv().ok();
+                inner();
+                done_tx.send(()).ok();
+            });
+        });
+        warm_rx.recv().expect("warmed up");
+        let held = spanprof_core::hold_name_interner_for_test();
+        go_tx.send(()).ok();
+        let waited = done_rx.recv_timeout(Duration::from_secs(2)).is_err();
+        drop(held);
+        worker.join().expect("worker");
+        assert!(
+            !waited,
+            "the inner span's labels waited for the interner's lock"
+        );
+    }
 
     #[test]
     fn a_span_first_entered_on_two_threads_at_once_is_decided_once() {
