@@ -158,7 +158,7 @@ impl SpanLabels {
     }
 
     /// Samples taken so far while these labels were active (exact count); for a local
-    /// root, also those of the inner spans made from it with [`SpanLabels::child`].
+    /// root, also those of the inner spans made from it with [`SpanLabels::child`] or [`SpanLabels::child_named`].
     pub fn cpu_samples(&self) -> u64 {
         self.record.cpu_samples.load(Ordering::Relaxed)
     }

@@ -11,8 +11,8 @@ use spanprof_core::{Hotness, SpanLabels};
 
 use crate::ProfileScope;
 
-/// Most spans tracked at once: the places in the table (64 bytes each, 1 MiB in
-/// all, allocated when a [`crate::SpanProfileProcessor`] turns tracking on).
+/// Most spans tracked at once: the places in the table (64 bytes each on Linux, 1 MiB
+/// in all, allocated when a [`crate::SpanProfileProcessor`] turns tracking on).
 pub const MAX_TRACKED_SPANS: usize = SLOTS;
 
 /// Places in the table, a power of two.
@@ -134,9 +134,13 @@ static TABLE: LazyLock<Box<[Slot]>> = LazyLock::new(|| {
 /// ids spread over the table even from an id generator whose low bits are regular
 /// (OpenTelemetry's are random, a user's `IdGenerator` need not be).
 fn window(span_id: u64) -> impl Iterator<Item = usize> {
-    let home =
-        (span_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SLOTS.trailing_zeros())) as usize;
+    let home = home(span_id);
     (0..WINDOW).map(move |k| (home + k) & (SLOTS - 1))
+}
+
+/// The first place of `span_id`'s window.
+fn home(span_id: u64) -> usize {
+    (span_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SLOTS.trailing_zeros())) as usize
 }
 
 /// The place holding `span_id`, locked, if any.
@@ -226,7 +230,7 @@ pub(crate) fn track(labels: &SpanLabels) {
     // exports, and always without `SpanProfileProcessor::batch` (nothing else counts
     // exports), holders are equally old and the one at home goes.
     let now = EXPORTS.load(Ordering::Relaxed);
-    let mut oldest = window(id).next().map_or((0, 0), |home| (home, 0));
+    let mut oldest = (home(id), 0);
     for i in window(id) {
         let age = now.wrapping_sub(table[i].lock().epoch);
         if age <= u32::MAX / 2 && age > oldest.1 {
@@ -330,9 +334,9 @@ pub fn ended_unexported() -> u64 {
 /// [`MAX_TRACKED_SPANS`] places and a span may take one of four of them (by its
 /// id); when all four hold other spans, the oldest of those goes (oldest in exports
 /// of [`crate::SpanProfileProcessor::batch`]; when equally old, the one at the
-/// span's home). So a few spans go before the table is full: by a linear-probing
-/// estimate about 0.03 % of those tracked with an eighth of the table held (the
-/// default batch queue full), 0.2 % with a fifth. Held are live
+/// span's home). So a few spans go before the table is full: simulated
+/// (`benches/registry_window.py`), about 0.1 % of those tracked with an eighth of
+/// the table held (the default batch queue full), 0.5 % with a fifth. Held are live
 /// spans, and with [`crate::SpanProfileProcessor::batch`] ended spans whose figures
 /// wait for the batch processor's thread (those no batch carries are swept, and
 /// counted in [`ended_unexported`]).
@@ -421,6 +425,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(target_os = "linux")] // std's `Mutex` is a 4-byte futex word there
     fn a_place_is_one_cache_line() {
         assert_eq!(std::mem::size_of::<Slot>(), 64);
     }
@@ -522,10 +527,6 @@ mod tests {
         for i in 0..n {
             take(base + 16 * i);
         }
-    }
-
-    fn home(id: u64) -> usize {
-        window(id).next().expect("a window has places")
     }
 
     /// The first `n` ids after `after` whose home is `place`.

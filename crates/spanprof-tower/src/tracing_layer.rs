@@ -170,8 +170,13 @@ mod tests {
     fn an_inner_span_of_a_name_seen_before_takes_no_lock_of_the_interner() {
         // Reading the interner under its lock writes the lock's reader count, one
         // cache line every worker shares, at every inner span of every request.
-        fn inner() {
-            tracing::info_span!("validate_order_test").in_scope(|| {});
+        // The labels the inner span runs under (their name is read later: reading it
+        // takes the interner's lock).
+        fn inner() -> Option<SpanLabels> {
+            tracing::info_span!("validate_order_test").in_scope(spanprof_core::current_labels)
+        }
+        fn name(labels: Option<SpanLabels>) -> Option<String> {
+            labels.map(|l| l.span_name().to_string())
         }
         let subscriber = tracing_subscriber::registry().with(super::SpanProfileLayer::new());
         let dispatch = tracing::Dispatch::new(subscriber);
@@ -182,14 +187,17 @@ mod tests {
             tracing::dispatcher::with_default(&dispatch, || {
                 let parent = SpanLabels::builder().trace_id(1).span_id(7).build();
                 let _in = parent.enter();
-                inner();
+                assert_eq!(name(inner()).as_deref(), Some("validate_order_test"));
                 warm_tx.send(()).ok();
                 go_rx.recv().ok();
-                inner();
+                let labels = inner();
                 done_tx.send(()).ok();
+                assert_eq!(name(labels).as_deref(), Some("validate_order_test"));
             });
         });
-        warm_rx.recv().expect("warmed up");
+        warm_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("warmed up");
         let held = spanprof_core::hold_name_interner_for_test();
         go_tx.send(()).ok();
         let waited = done_rx.recv_timeout(Duration::from_secs(2)).is_err();
