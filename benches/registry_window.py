@@ -1,21 +1,26 @@
 #!/usr/bin/env python3
 """How many spans the span registry evicts before its table is full.
 
-A simulation of `crates/spanprof-tower/src/registry.rs`: 16 384 places, a span
-takes the first empty place of its window (its home, a uniform hash of its id, and
-the next three); when all four are held, the holder at home goes (what the registry
-does between two exports, when all holders are equally old). Spans leave in the
+A simulation of `crates/spanprof-tower/src/registry.rs`: 16 384 places in buckets
+of WINDOW, a span takes the first empty place of its bucket (a uniform hash of its
+id); when all are held, the holder at the bucket's first place goes (what the
+registry does between two exports, when all holders are equally old). `--window 4
+--overlapping` simulates the registry's first version instead: windows of four
+places starting at any place. Spans leave in the
 order they came (first in, first out), `HELD` of them held at once. Prints the share
 of tracked spans evicted, for a table an eighth full (the default batch queue of
 2 048 ended spans) and a fifth full.
 
     python3 benches/registry_window.py
+    python3 benches/registry_window.py --window 4 --overlapping
 """
 import collections
 import random
+import sys
 
 SLOTS = 16384
-WINDOW = 4
+WINDOW = int(sys.argv[sys.argv.index("--window") + 1]) if "--window" in sys.argv else 8
+OVERLAPPING = "--overlapping" in sys.argv
 
 
 def evicted_share(held, spans=400_000, seed=1):
@@ -29,7 +34,10 @@ def evicted_share(held, spans=400_000, seed=1):
             gone = order.popleft()
             if gone in place:
                 table[place.pop(gone)] = 0
-        home = rng.randrange(SLOTS)
+        if OVERLAPPING:
+            home = rng.randrange(SLOTS)
+        else:
+            home = rng.randrange(SLOTS // WINDOW) * WINDOW
         for k in range(WINDOW):
             i = (home + k) % SLOTS
             if table[i] == 0:
@@ -46,4 +54,4 @@ def evicted_share(held, spans=400_000, seed=1):
 
 
 for name, held in (("an eighth", SLOTS // 8), ("a fifth", SLOTS // 5)):
-    print(f"{name} of the table held ({held} spans): {100 * evicted_share(held):.2f} % of spans evicted")
+    print(f"window {WINDOW}{' (overlapping)' if OVERLAPPING else ''}, {name} of the table held ({held} spans): {100 * evicted_share(held):.3f} % of spans evicted")

@@ -11,16 +11,17 @@ use spanprof_core::{Hotness, SpanLabels};
 
 use crate::ProfileScope;
 
-/// Most spans tracked at once: the places in the table (64 bytes each on Linux, 1 MiB
-/// in all, allocated when a [`crate::SpanProfileProcessor`] turns tracking on).
+/// Most spans tracked at once: the places in the table (72 bytes each on Linux, its
+/// 64-byte lock and figures and its id, 1.1 MiB in all, allocated when a
+/// [`crate::SpanProfileProcessor`] turns tracking on).
 pub const MAX_TRACKED_SPANS: usize = SLOTS;
 
 /// Places in the table, a power of two.
 const SLOTS: usize = 1 << 14;
 
-/// The places a span may take: its home (a hash of its id) and the next three. A span
-/// is found by comparing the ids of at most these, without a lock.
-const WINDOW: usize = 4;
+/// The places a span may take: the eight of its bucket (a hash of its id), whose ids
+/// share one cache line. A span is found by comparing them, without a lock.
+const WINDOW: usize = 8;
 
 /// An ended span's figures, read from its labels on the thread that ended it, so
 /// the labels are released there and the request's thread allocates nothing for
@@ -83,29 +84,42 @@ struct Held {
     state: State,
 }
 
-/// One place, alone on its cache line. A span is tracked, ended and taken by
-/// reading the ids of its window's four places (adjacent lines) and locking the one
-/// that holds it: the workers and the batch thread wait on each other only when one
-/// fills or takes a place in the other's window. (The table was 16 locked hash maps:
-/// a worker tracking a span waited whenever the batch thread held the lock of a
-/// sixteenth of all spans, and the maps' lines moved between the cores at every
-/// span; docs/overhead-history.md, 14.)
+/// The ids of one bucket's places, 0 for an empty place: read without a lock to find
+/// a span, written under the place's lock. One cache line: a span is found, and an
+/// empty place for it, by reading one line.
 #[repr(align(64))]
+struct Ids([AtomicU64; WINDOW]);
+
+/// One place's lock and what it holds, alone on its cache line.
+#[repr(align(64))]
+struct Place(Mutex<Held>);
+
+/// The table: a span is tracked, ended and taken by reading its bucket's ids (one
+/// line) and locking the place that holds it (another): the workers and the batch
+/// thread wait on each other only when one fills or takes a place in the other's
+/// bucket. (The table was 16 locked hash maps: a worker tracking a span waited
+/// whenever the batch thread held the lock of a sixteenth of all spans, and the maps'
+/// lines moved between the cores at every span; docs/overhead-history.md, 14.)
+struct Table {
+    ids: Box<[Ids]>,
+    places: Box<[Place]>,
+}
+
+/// One place of the table: its id and its lock.
+#[derive(Clone, Copy)]
 struct Slot {
-    /// The span id held, 0 when empty: read without the lock to find a span, written
-    /// under it.
-    id: AtomicU64,
-    held: Mutex<Held>,
+    id: &'static AtomicU64,
+    held: &'static Mutex<Held>,
 }
 
 impl Slot {
-    fn lock(&self) -> MutexGuard<'_, Held> {
+    fn lock(&self) -> MutexGuard<'static, Held> {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// This place, locked, if it holds `span_id`: looked at without the lock, then
     /// checked under it (the span may have been taken in between).
-    fn lock_if(&self, span_id: u64) -> Option<MutexGuard<'_, Held>> {
+    fn lock_if(&self, span_id: u64) -> Option<MutexGuard<'static, Held>> {
         if self.id.load(Ordering::Relaxed) != span_id {
             return None;
         }
@@ -118,44 +132,60 @@ impl Slot {
 /// on the request path put blocks into the malloc arena of whichever worker served
 /// the request, and glibc then had the workers wait on their arenas' locks
 /// (docs/overhead-history.md, 9.).
-static TABLE: LazyLock<Box<[Slot]>> = LazyLock::new(|| {
-    (0..SLOTS)
-        .map(|_| Slot {
-            id: AtomicU64::new(0),
-            held: Mutex::new(Held {
+static TABLE: LazyLock<Table> = LazyLock::new(|| Table {
+    ids: (0..SLOTS / WINDOW)
+        .map(|_| Ids(std::array::from_fn(|_| AtomicU64::new(0))))
+        .collect(),
+    places: (0..SLOTS)
+        .map(|_| {
+            Place(Mutex::new(Held {
                 epoch: 0,
                 state: State::Empty,
-            }),
+            }))
         })
-        .collect()
+        .collect(),
 });
 
-/// The places of `span_id`, home first: the top bits of a multiplicative hash, so
-/// ids spread over the table even from an id generator whose low bits are regular
-/// (OpenTelemetry's are random, a user's `IdGenerator` need not be).
-fn window(span_id: u64) -> impl Iterator<Item = usize> {
-    let home = home(span_id);
-    (0..WINDOW).map(move |k| (home + k) & (SLOTS - 1))
+/// Place `i` of the table.
+fn slot(i: usize) -> Slot {
+    let table = &*TABLE;
+    Slot {
+        id: &table.ids[i / WINDOW].0[i % WINDOW],
+        held: &table.places[i].0,
+    }
 }
 
-/// The first place of `span_id`'s window.
+/// Every place of the table.
+fn slots() -> impl Iterator<Item = Slot> {
+    (0..SLOTS).map(slot)
+}
+
+/// The places of `span_id`, its bucket's, home first: the top bits of a
+/// multiplicative hash, so ids spread over the table even from an id generator whose
+/// low bits are regular (OpenTelemetry's are random, a user's `IdGenerator` need not
+/// be).
+fn window(span_id: u64) -> impl Iterator<Item = usize> {
+    let home = home(span_id);
+    (0..WINDOW).map(move |k| home + k)
+}
+
+/// The first place of `span_id`'s bucket.
 fn home(span_id: u64) -> usize {
-    (span_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SLOTS.trailing_zeros())) as usize
+    let buckets = SLOTS / WINDOW;
+    (span_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - buckets.trailing_zeros())) as usize
+        * WINDOW
 }
 
 /// The place holding `span_id`, locked, if any.
 fn find(span_id: u64) -> Option<MutexGuard<'static, Held>> {
-    let table = &*TABLE;
-    window(span_id).find_map(|i| table[i].lock_if(span_id))
+    window(span_id).find_map(|i| slot(i).lock_if(span_id))
 }
 
 /// Empties every place holding `span_id` (one, but for a span tracked on two threads
 /// at once) and returns what the first held.
 fn remove(span_id: u64) -> Option<State> {
-    let table = &*TABLE;
     let mut first = None;
-    for i in window(span_id) {
-        let slot = &table[i];
+    for slot in window(span_id).map(slot) {
         if let Some(mut held) = slot.lock_if(span_id) {
             slot.id.store(0, Ordering::Relaxed);
             let state = std::mem::replace(&mut held.state, State::Empty);
@@ -200,7 +230,7 @@ pub fn scope() -> ProfileScope {
 }
 
 /// Remembers `labels` under its span id until the span ends: in the first empty
-/// place of its window, or, every place held by other spans, in the place of the
+/// place of its bucket, or, every place held by other spans, in the place of the
 /// oldest of them, which is dropped and counted.
 pub(crate) fn track(labels: &SpanLabels) {
     let id = labels.span_id();
@@ -208,11 +238,9 @@ pub(crate) fn track(labels: &SpanLabels) {
         return;
     }
     let epoch = EXPORTS.load(Ordering::Relaxed);
-    let table = &*TABLE;
     // Its own place first (a span tracked again), then the first empty one.
-    let own = window(id).find(|&i| table[i].id.load(Ordering::Relaxed) == id);
-    for i in own.into_iter().chain(window(id)) {
-        let slot = &table[i];
+    let own = window(id).find(|&i| slot(i).id.load(Ordering::Relaxed) == id);
+    for slot in own.into_iter().chain(window(id)).map(slot) {
         let at = slot.id.load(Ordering::Relaxed);
         if at != 0 && at != id {
             continue;
@@ -232,19 +260,19 @@ pub(crate) fn track(labels: &SpanLabels) {
     let now = EXPORTS.load(Ordering::Relaxed);
     let mut oldest = (home(id), 0);
     for i in window(id) {
-        let age = now.wrapping_sub(table[i].lock().epoch);
+        let age = now.wrapping_sub(slot(i).lock().epoch);
         if age <= u32::MAX / 2 && age > oldest.1 {
             oldest = (i, age);
         }
     }
-    let slot = &table[oldest.0];
+    let slot = slot(oldest.0);
     if !matches!(put(slot, slot.lock(), labels, epoch).state, State::Empty) {
         EVICTED.fetch_add(1, Ordering::Relaxed);
     }
 }
 
 /// Puts `labels` in `slot` (locked: `held`) and returns what it held, unlocked.
-fn put(slot: &Slot, mut held: MutexGuard<'_, Held>, labels: &SpanLabels, epoch: u32) -> Held {
+fn put(slot: Slot, mut held: MutexGuard<'_, Held>, labels: &SpanLabels, epoch: u32) -> Held {
     slot.id.store(labels.span_id(), Ordering::Relaxed);
     std::mem::replace(
         &mut *held,
@@ -291,7 +319,7 @@ pub(crate) fn take_many(ids: &[u64]) -> Vec<Option<Figures>> {
 /// Removes ended spans stamped more than [`STALE_AFTER_EXPORTS`] exports before
 /// `epoch`, counted in [`ended_unexported`].
 fn sweep(epoch: u32) {
-    for slot in TABLE.iter() {
+    for slot in slots() {
         if slot.id.load(Ordering::Relaxed) == 0 {
             continue;
         }
@@ -331,12 +359,12 @@ pub fn ended_unexported() -> u64 {
 }
 
 /// Spans dropped from tracking because too many were held: the table has
-/// [`MAX_TRACKED_SPANS`] places and a span may take one of four of them (by its
-/// id); when all four hold other spans, the oldest of those goes (oldest in exports
-/// of [`crate::SpanProfileProcessor::batch`]; when equally old, the one at the
-/// span's home). So a few spans go before the table is full: simulated
-/// (`benches/registry_window.py`), about 0.1 % of those tracked with an eighth of
-/// the table held (the default batch queue full), 0.5 % with a fifth. Held are live
+/// [`MAX_TRACKED_SPANS`] places and a span may take one of the eight of its bucket
+/// (by its id); when all eight hold other spans, the oldest of those goes (oldest in
+/// exports of [`crate::SpanProfileProcessor::batch`]; when equally old, the first of
+/// the bucket). So a few spans go before the table is full: simulated
+/// (`benches/registry_window.py`), 0.001 % of those tracked with an eighth of the
+/// table held (the default batch queue full), 0.03 % with a fifth. Held are live
 /// spans, and with [`crate::SpanProfileProcessor::batch`] ended spans whose figures
 /// wait for the batch processor's thread (those no batch carries are swept, and
 /// counted in [`ended_unexported`]).
@@ -418,8 +446,7 @@ mod tests {
 
     /// Spans the table holds.
     fn held() -> usize {
-        TABLE
-            .iter()
+        slots()
             .filter(|slot| slot.id.load(Ordering::Relaxed) != 0)
             .count()
     }
@@ -427,7 +454,8 @@ mod tests {
     #[test]
     #[cfg(target_os = "linux")] // std's `Mutex` is a 4-byte futex word there
     fn a_place_is_one_cache_line() {
-        assert_eq!(std::mem::size_of::<Slot>(), 64);
+        assert_eq!(std::mem::size_of::<Place>(), 64);
+        assert_eq!(std::mem::size_of::<Ids>(), 64);
     }
 
     #[test]
@@ -543,19 +571,23 @@ mod tests {
         let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         enable();
         let old = 0x01d0_0000_0000_0001u64;
-        // Four more spans whose home is the place before the old span's: the old
-        // span is second in their window, not first.
-        let mut same = homed_at((home(old) + SLOTS - 1) & (SLOTS - 1), old, WINDOW);
+        // Nine more spans of its bucket: the first keeps the bucket's first place
+        // while the old span takes the second, then goes, an export before the
+        // others come.
+        let mut same = homed_at(home(old), old, WINDOW + 1);
+        let first = same.remove(0);
+        track(&SpanLabels::builder().span_id(first).build());
         track(&SpanLabels::builder().span_id(old).build());
+        assert!(take(first).is_some());
         take_many(&[]); // an export later
-        let newest = same.pop().expect("four");
+        let newest = same.pop().expect("eight");
         for &id in &same {
             track(&SpanLabels::builder().span_id(id).build());
         }
         let evicted = tracking_evicted();
         track(&SpanLabels::builder().span_id(newest).build());
         assert_eq!(tracking_evicted() - evicted, 1);
-        assert!(take(old).is_none(), "the oldest went");
+        assert!(take(old).is_none(), "the oldest went, not the one at home");
         for id in same.into_iter().chain([newest]) {
             assert!(take(id).is_some(), "{id:x} kept");
         }
@@ -575,8 +607,7 @@ mod tests {
         // Its home empties; tracked again, it stays where it is.
         assert!(take(before[0]).is_some());
         track(&SpanLabels::builder().span_id(span).build());
-        let copies = TABLE
-            .iter()
+        let copies = slots()
             .filter(|slot| slot.id.load(Ordering::Relaxed) == span)
             .count();
         assert_eq!(copies, 1);
