@@ -179,6 +179,11 @@ fn home(span_id: u64) -> usize {
         * WINDOW
 }
 
+/// The place holding `span_id`, looked up without a lock (it may be taken at once).
+fn place_of(span_id: u64) -> Option<usize> {
+    window(span_id).find(|&i| slot(i).id.load(Ordering::Relaxed) == span_id)
+}
+
 /// The place holding `span_id`, locked, if any.
 fn find(span_id: u64) -> Option<MutexGuard<'static, Held>> {
     window(span_id).find_map(|i| slot(i).lock_if(span_id))
@@ -242,8 +247,7 @@ pub(crate) fn track(labels: &SpanLabels) {
     }
     let epoch = EXPORTS.load(Ordering::Relaxed);
     // Its own place first (a span tracked again), then the first empty one.
-    let own = window(id).find(|&i| slot(i).id.load(Ordering::Relaxed) == id);
-    for slot in own.into_iter().chain(window(id)).map(slot) {
+    for slot in place_of(id).into_iter().chain(window(id)).map(slot) {
         let at = slot.id.load(Ordering::Relaxed);
         if at != 0 && at != id {
             continue;
@@ -331,7 +335,7 @@ fn touch(ids: &[u64]) {
         seen ^= slot(home(id)).id.load(Ordering::Relaxed);
     }
     for &id in ids {
-        if let Some(i) = window(id).find(|&i| slot(i).id.load(Ordering::Relaxed) == id) {
+        if let Some(i) = place_of(id) {
             seen ^= u64::from(slot(i).held.is_poisoned());
         }
     }
