@@ -200,8 +200,8 @@ fn serve(mode: &str, sink: &str) {
             .build()
     };
     tracing_subscriber::registry()
-        .with(span_layer.then(SpanProfileLayer::new))
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("overhead")))
+        .with(span_layer.then(SpanProfileLayer::new))
         .init();
     let mut layer = ProfileCorrelationLayer::builder();
     if mode == "baseline-disabled" {

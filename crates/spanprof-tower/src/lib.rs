@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod layer;
+mod otel_context;
 mod policy;
 mod processor;
 mod registry;

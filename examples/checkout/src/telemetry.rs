@@ -175,9 +175,11 @@ pub fn init(spans: &RecentSpans, t: &Telemetry) -> Result<SdkTracerProvider, Str
             .with_ansi(colours)
             .with_filter(f)
     });
-    // spanprof's layer sees the spans OpenTelemetry's does: the application's.
-    let traces = SpanProfileLayer::new()
-        .and_then(tracing_opentelemetry::layer().with_tracer(tracer))
+    // spanprof's layer sees the spans OpenTelemetry's does: the application's. It comes
+    // after OpenTelemetry's, which has attached an entered span's context by then.
+    let traces = tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .and_then(SpanProfileLayer::new())
         .with_filter(trace_filter);
     let _ = tracing_subscriber::registry()
         .with(traces)

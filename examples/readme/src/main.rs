@@ -38,8 +38,8 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::registry()
         .with(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
         .with(tracing_subscriber::fmt::layer())
-        .with(SpanProfileLayer::new())
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("shop")))
+        .with(SpanProfileLayer::new())
         .init();
 
     // 4. The viewer, on a loopback port, thread and runtime of its own.

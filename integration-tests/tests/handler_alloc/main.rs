@@ -152,8 +152,8 @@ fn request_allocations(
         .with_span_processor(processor)
         .build();
     let subscriber = tracing_subscriber::registry()
-        .with(spanprof::tower::SpanProfileLayer::new())
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("alloc")));
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("alloc")))
+        .with(spanprof::tower::SpanProfileLayer::new());
     let _default = tracing::subscriber::set_default(subscriber);
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()

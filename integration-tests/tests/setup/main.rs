@@ -9,22 +9,40 @@ mod support;
 use support::web;
 
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::{Router, routing::get};
-use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SimpleSpanProcessor};
 use spanprof::tower::MakeRoute;
-use spanprof::{ProfileCorrelationLayer, RoutePolicy, SpanProfileProcessor};
+use spanprof::{ProfileCorrelationLayer, RoutePolicy, SpanProfileLayer, SpanProfileProcessor};
 use tower_http::trace::{DefaultMakeSpan, TraceLayer};
 use tracing::level_filters::LevelFilter;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::prelude::*;
 
 type Logs = Arc<Mutex<Vec<String>>>;
 
 /// Installs the process's subscriber: captured logs at `level` and, with `otel`,
-/// tracing-opentelemetry exporting to memory through spanprof's span processor.
+/// tracing-opentelemetry exporting to memory through spanprof's span processor, then
+/// `SpanProfileLayer`, in the documented order.
 fn subscriber(level: LevelFilter, otel: bool) -> (Logs, InMemorySpanExporter) {
+    subscriber_with(level, otel.then_some(Otel::Documented))
+}
+
+/// How tracing-opentelemetry's layer is set up next to `SpanProfileLayer`.
+#[derive(Clone, Copy, PartialEq)]
+enum Otel {
+    /// Added before `SpanProfileLayer`, context activation on (its default).
+    Documented,
+    /// Added after `SpanProfileLayer`.
+    AfterSpanProfileLayer,
+    /// Added before it, with context activation off.
+    NoContextActivation,
+}
+
+fn subscriber_with(level: LevelFilter, otel: Option<Otel>) -> (Logs, InMemorySpanExporter) {
     let logs: Logs = Arc::default();
     let exporter = InMemorySpanExporter::default();
     let provider = SdkTracerProvider::builder()
@@ -32,14 +50,46 @@ fn subscriber(level: LevelFilter, otel: bool) -> (Logs, InMemorySpanExporter) {
             exporter.clone(),
         )))
         .build();
-    let otel_layer =
-        otel.then(|| tracing_opentelemetry::layer().with_tracer(provider.tracer("setup")));
+    let otel_layer = |activation: bool| {
+        tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer("setup"))
+            .with_context_activation(activation)
+            .boxed()
+    };
+    let mut layers = vec![support::LogCapture(logs.clone()).boxed()];
+    match otel {
+        Some(Otel::Documented) => {
+            layers.extend([otel_layer(true), SpanProfileLayer::new().boxed()])
+        }
+        Some(Otel::NoContextActivation) => {
+            layers.extend([otel_layer(false), SpanProfileLayer::new().boxed()])
+        }
+        Some(Otel::AfterSpanProfileLayer) => {
+            layers.extend([SpanProfileLayer::new().boxed(), otel_layer(true)])
+        }
+        None => layers.push(SpanProfileLayer::new().boxed()),
+    }
     tracing_subscriber::registry()
-        .with(support::LogCapture(logs.clone()))
-        .with(otel_layer)
+        .with(layers)
         .with(level)
         .init();
     (logs, exporter)
+}
+
+/// Inner spans (`GET /inner`) whose labels carried their own OpenTelemetry span id,
+/// and those that carried another.
+static INNER_RIGHT: AtomicUsize = AtomicUsize::new(0);
+static INNER_WRONG: AtomicUsize = AtomicUsize::new(0);
+
+/// `GET /inner`: enters an inner span and checks the labels it runs under.
+async fn inner() -> &'static str {
+    let span = tracing::info_span!("calculate_total");
+    let want = span.context().span().span_context().span_id();
+    let got = span.in_scope(|| spanprof::current_labels().map(|l| l.span_id()));
+    let right = got == Some(u64::from_be_bytes(want.to_bytes()));
+    let count = if right { &INNER_RIGHT } else { &INNER_WRONG };
+    count.fetch_add(1, Ordering::Relaxed);
+    "inner"
 }
 
 /// spanprof's warnings in `logs` that contain `needle`.
@@ -85,6 +135,7 @@ fn app() -> Router {
         .route("/hash", get(|| async { "hashed" }))
         .route("/cart/{id}", get(|| async { "cart" }))
         .route("/health", get(|| async { "ok" }))
+        .route("/inner", get(inner))
 }
 
 /// Waits (up to 20 s) until `done`; the assertions after it say what was missing.
@@ -106,16 +157,7 @@ fn profile_ids(exporter: &InMemorySpanExporter) -> usize {
 
 #[test]
 fn the_documented_setup_warns_about_nothing_and_links_every_span() {
-    let (logs, exporter) = subscriber(LevelFilter::INFO, true);
-    let rt = runtime(true);
-    let app = app().layer(ProfileCorrelationLayer::new()).layer(
-        TraceLayer::new_for_http()
-            .make_span_with(DefaultMakeSpan::new().level(tracing::Level::INFO)),
-    );
-    let statuses = serve_and_get(&rt, app, &["/hash"; 20]);
-    assert_eq!(statuses, [200; 20]);
-    wait_until(|| profile_ids(&exporter) == 20);
-    assert_eq!(profile_ids(&exporter), 20);
+    let logs = serve_inner_spans(Otel::Documented);
     let mut unexpected = all_warnings(&logs);
     if !cfg!(tokio_unstable) {
         // This pass of the suite is built without it on purpose: that is a mistake
@@ -124,6 +166,53 @@ fn the_documented_setup_warns_about_nothing_and_links_every_span() {
         unexpected.retain(|w| !w.contains("tokio_unstable"));
     }
     assert_eq!(unexpected, Vec::<String>::new());
+}
+
+/// Serves 20 requests of `/hash` and 20 of `/inner` through the documented layers
+/// under `otel`; returns the logs once every request span has been exported.
+fn serve_inner_spans(otel: Otel) -> Logs {
+    let (logs, exporter) = subscriber_with(LevelFilter::INFO, Some(otel));
+    let rt = runtime(true);
+    let app = app().layer(ProfileCorrelationLayer::new()).layer(
+        TraceLayer::new_for_http()
+            .make_span_with(DefaultMakeSpan::new().level(tracing::Level::INFO)),
+    );
+    let statuses = serve_and_get(&rt, app, &["/hash", "/inner"].repeat(20));
+    assert_eq!(statuses, [200; 40]);
+    wait_until(|| profile_ids(&exporter) == 40);
+    assert_eq!(
+        profile_ids(&exporter),
+        40,
+        "every request span links its profile"
+    );
+    assert_eq!(INNER_RIGHT.load(Ordering::Relaxed), 20);
+    assert_eq!(
+        INNER_WRONG.load(Ordering::Relaxed),
+        0,
+        "inner spans ran under another span's id"
+    );
+    logs
+}
+
+#[test]
+fn opentelemetry_added_after_span_profile_layer_is_reported_once_and_ids_stay_exact() {
+    // SpanProfileLayer then hears of an enter before tracing-opentelemetry attaches
+    // the span's context: it must ask tracing-opentelemetry for every inner span.
+    let logs = serve_inner_spans(Otel::AfterSpanProfileLayer);
+    let found = warnings(&logs, "current context");
+    assert_eq!(found.len(), 1, "{:?}", all_warnings(&logs));
+    assert!(
+        found[0].contains("before spanprof::SpanProfileLayer"),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn context_activation_off_is_reported_once_and_ids_stay_exact() {
+    let logs = serve_inner_spans(Otel::NoContextActivation);
+    let found = warnings(&logs, "current context");
+    assert_eq!(found.len(), 1, "{:?}", all_warnings(&logs));
+    assert!(found[0].contains("context activation"), "{found:?}");
 }
 
 #[test]

@@ -38,8 +38,8 @@ pub fn otel() -> &'static Otel {
             .build();
         let tracer = provider.tracer("spanprof-tests");
         tracing_subscriber::registry()
-            .with(SpanProfileLayer::new())
             .with(tracing_opentelemetry::layer().with_tracer(tracer))
+            .with(SpanProfileLayer::new())
             .try_init()
             .expect("install the tracing subscriber");
         opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());

@@ -10,6 +10,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use crate::otel_context::{AttachedContext, SpanIds};
 use crate::setup::TraceSource;
 
 /// Headers longer than this are ignored before parsing (W3C bounds `tracestate` at
@@ -108,20 +109,25 @@ fn new_span_id() -> u64 {
     u64::from_be_bytes(RandomIdGenerator::default().new_span_id().to_bytes())
 }
 
+/// Whether the request span's context can be read from OpenTelemetry's attached one.
+static REQUEST_SPAN: AttachedContext = AttachedContext::new();
+
 /// The trace identity of the request about to be served.
 pub(crate) fn current(headers: &http::HeaderMap) -> RequestTrace {
-    let span = tracing::Span::current();
     let mut source = TraceSource::NoSpan;
-    if !span.is_disabled() {
+    if tracing::dispatcher::get_default(|d| d.current_span().id().is_some()) {
         source = TraceSource::SpanWithoutOtel;
-        let cx = span.context();
-        let sc = cx.span().span_context().clone();
-        if sc.is_valid() {
+        let ids = REQUEST_SPAN.current_span_ids(|| {
+            let cx = tracing::Span::current().context();
+            let span = cx.span();
+            SpanIds::of(span.span_context())
+        });
+        if let Some(ids) = ids {
             return RequestTrace {
-                trace_id: u128::from_be_bytes(sc.trace_id().to_bytes()),
-                span_id: u64::from_be_bytes(sc.span_id().to_bytes()),
+                trace_id: ids.trace_id,
+                span_id: ids.span_id,
                 parent_span_id: 0,
-                sampled: sc.is_sampled(),
+                sampled: ids.sampled,
                 otel_span: true,
                 source: TraceSource::OtelSpan,
             };
@@ -175,6 +181,41 @@ mod tests {
 
     const T: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
     const S: &str = "00f067aa0ba902b7";
+
+    #[test]
+    fn the_request_span_is_read_from_opentelemetry_once_checked() {
+        // Inside TraceLayer's entered span, tracing-opentelemetry (context activation
+        // on, its default) has attached the span's context, whatever the layer order.
+        use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+        use crate::otel_context::CHECKS;
+        use crate::otel_context::tests::{EXACT_LOOKUPS, otel_dispatch};
+
+        let (dispatch, warnings) = otel_dispatch(true);
+        let requests = 3 * u64::from(CHECKS);
+        tracing::dispatcher::with_default(&dispatch, || {
+            for _ in 0..requests {
+                let span = tracing::info_span!("request");
+                let sc = span.context().span().span_context().clone();
+                let trace = span.in_scope(|| super::current(&http::HeaderMap::new()));
+                assert_eq!(trace.source, crate::setup::TraceSource::OtelSpan);
+                assert_eq!(trace.span_id, u64::from_be_bytes(sc.span_id().to_bytes()));
+                assert_eq!(
+                    trace.trace_id,
+                    u128::from_be_bytes(sc.trace_id().to_bytes())
+                );
+                assert_eq!(trace.sampled, sc.is_sampled());
+            }
+            let outside = super::current(&http::HeaderMap::new());
+            assert_eq!(outside.source, crate::setup::TraceSource::NoSpan);
+        });
+        let asked = EXACT_LOOKUPS.with(|n| n.get());
+        assert!(
+            asked <= u64::from(CHECKS),
+            "{asked} of {requests} requests asked tracing-opentelemetry for their context"
+        );
+        assert_eq!(warnings.get(), 0);
+    }
 
     #[test]
     fn extraction_ignores_what_the_w3c_says_to_ignore() {
