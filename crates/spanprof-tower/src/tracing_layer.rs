@@ -127,7 +127,7 @@ fn decide(id: &Id, name: &'static str) -> Profiled {
     let Some(parent) = spanprof_core::current_labels() else {
         return Profiled::No;
     };
-    match own_span_context(id) {
+    match own_span_context(id, parent.span_id()) {
         Some((sid, _)) if sid == parent.span_id() => Profiled::No,
         ids => {
             let (sid, otel, sampled) = match ids {
@@ -156,9 +156,9 @@ static ENTERED_SPAN: AttachedContext = AttachedContext::new();
 /// while layers hear of the enter) and whether it is sampled, if
 /// `tracing-opentelemetry` gives it one: read from OpenTelemetry's attached context
 /// once that is known to be the entered span's (`otel_context`).
-fn own_span_context(id: &Id) -> Option<(u64, bool)> {
+fn own_span_context(id: &Id, parent_span_id: u64) -> Option<(u64, bool)> {
     ENTERED_SPAN
-        .current_span_ids(|| {
+        .current_span_ids(Some(parent_span_id), || {
             let current = tracing::Span::current();
             if current.id().as_ref() != Some(id) {
                 return None;
@@ -231,20 +231,15 @@ mod tests {
         // attached the entered span's context before this layer hears of the enter.
         // Asking tracing-opentelemetry instead costs ~1 300 instructions and several
         // shared atomic writes per inner span.
-        use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+        use opentelemetry::trace::TraceContextExt;
         use tracing_opentelemetry::OpenTelemetrySpanExt;
 
         use crate::otel_context::CHECKS;
-        use crate::otel_context::tests::{EXACT_LOOKUPS, WarningCount};
+        use crate::otel_context::tests::{EXACT_LOOKUPS, WarningCount, tracer};
 
-        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
-            .with_span_processor(opentelemetry_sdk::trace::SimpleSpanProcessor::new(
-                opentelemetry_sdk::trace::InMemorySpanExporter::default(),
-            ))
-            .build();
         let warnings = WarningCount::default();
         let subscriber = tracing_subscriber::registry()
-            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("t")))
+            .with(tracing_opentelemetry::layer().with_tracer(tracer()))
             .with(super::SpanProfileLayer::new())
             .with(warnings.clone());
         let spans = 3 * u64::from(CHECKS);
@@ -271,6 +266,47 @@ mod tests {
             asked <= u64::from(CHECKS),
             "{asked} of {spans} inner spans asked tracing-opentelemetry for their context"
         );
+        assert_eq!(warnings.get(), 0);
+    }
+
+    #[test]
+    fn an_inner_span_hidden_from_opentelemetry_gets_labels_of_its_own() {
+        // tracing-opentelemetry filtered to INFO (a filter of its own), this layer
+        // not: inside a profiled INFO span, a DEBUG span it does not see. The attached
+        // context is still the INFO span's; taking it, the DEBUG span would be decided
+        // to be its parent and run under the parent's labels.
+        use opentelemetry::trace::TraceContextExt;
+        use tracing_opentelemetry::OpenTelemetrySpanExt;
+        use tracing_subscriber::filter::LevelFilter;
+
+        use crate::otel_context::RECHECK_EVERY;
+        use crate::otel_context::tests::{WarningCount, tracer};
+
+        let warnings = WarningCount::default();
+        let subscriber = tracing_subscriber::registry()
+            .with(
+                tracing_opentelemetry::layer()
+                    .with_tracer(tracer())
+                    .with_filter(LevelFilter::INFO),
+            )
+            .with(super::SpanProfileLayer::new())
+            .with(warnings.clone());
+        tracing::subscriber::with_default(subscriber, || {
+            let parent = SpanLabels::builder().trace_id(1).span_id(7).build();
+            let _in = parent.enter();
+            for _ in 0..3 * RECHECK_EVERY {
+                let outer = tracing::info_span!("price_items");
+                let outer_id =
+                    u64::from_be_bytes(outer.context().span().span_context().span_id().to_bytes());
+                let labels = outer
+                    .in_scope(|| {
+                        tracing::debug_span!("round_prices").in_scope(spanprof_core::current_labels)
+                    })
+                    .expect("the hidden span has labels");
+                assert_eq!(&*labels.span_name(), "round_prices");
+                assert_ne!(labels.span_id(), outer_id);
+            }
+        });
         assert_eq!(warnings.get(), 0);
     }
 

@@ -117,7 +117,10 @@ pub(crate) fn current(headers: &http::HeaderMap) -> RequestTrace {
     let mut source = TraceSource::NoSpan;
     if tracing::dispatcher::get_default(|d| d.current_span().id().is_some()) {
         source = TraceSource::SpanWithoutOtel;
-        let ids = REQUEST_SPAN.current_span_ids(|| {
+        // A request served inside another's labels (a router called from a handler):
+        // the other request's attached context is not this one's.
+        let enclosing = spanprof_core::current_labels().map(|labels| labels.span_id());
+        let ids = REQUEST_SPAN.current_span_ids(enclosing, || {
             let cx = tracing::Span::current().context();
             let span = cx.span();
             SpanIds::of(span.span_context())
