@@ -38,9 +38,17 @@
 //! rounds within them, and the JSON lists each segment's median
 //! (`ratio_MODE_segments`).
 //!
+//! Every server runs from a copy of its executable of its own (in a temporary
+//! directory, removed at the end): processes running one file share its code's pages
+//! and cache lines, which biased modes sharing the load generator's file against the
+//! others by up to 5 % (`Copies`). `--shared-binary` runs them from the files given,
+//! as before.
+//!
 //! With `--compare BINARY` another build of this binary (an earlier commit's) serves
 //! `--compare-mode` (default `baseline`) as one more mode, `compare`: a before/after
-//! measured side by side, in the same rounds. The JSON then has
+//! measured side by side, in the same rounds. `--after BINARY` has another build
+//! serve `--compare-mode` itself, so that the same two builds can be run again with
+//! their places swapped (the servers' places carry a bias of about 1 %). The JSON then has
 //! `after_over_before`: per round, that mode's ratio to the stack over `compare`'s,
 //! its median and interval (`_lo`, `_hi`) and each set's median (`_segments`).
 //!
@@ -645,6 +653,50 @@ impl Series {
     }
 }
 
+/// Where each server's executable is copied to, so that no two server processes (nor
+/// the load generator) run the same file: processes running one file share its
+/// code's physical pages, and with them cache lines of code in L2 and L3, which a
+/// server running a file of its own does not. Before these copies, every mode but
+/// `compare` and `pyroscope` shared the load generator's file, and an A/A run with a
+/// byte-identical copy as `compare` read 0.951 (run 44, docs/overhead-history.md 15.):
+/// the paired before/after figures favoured the newer build by up to 5 %.
+struct Copies {
+    dir: Option<std::path::PathBuf>,
+}
+
+impl Copies {
+    fn new(own: bool) -> Copies {
+        let dir = own.then(|| {
+            let dir = std::env::temp_dir().join(format!("overhead-copies-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("a directory for the servers' executables");
+            dir
+        });
+        Copies { dir }
+    }
+
+    /// The file `mode`'s server runs: a copy of `path` of its own, made once.
+    fn of(&self, mode: &str, path: &std::path::Path) -> std::path::PathBuf {
+        let Some(dir) = &self.dir else {
+            return path.to_owned();
+        };
+        let copy = dir.join(mode);
+        if !copy.exists() {
+            std::fs::copy(path, &copy).unwrap_or_else(|e| {
+                panic!("copying {} to {}: {e}", path.display(), copy.display())
+            });
+        }
+        copy
+    }
+}
+
+impl Drop for Copies {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
 fn coordinate() {
     let rounds: usize = arg("--rounds").map_or(15, |s| s.parse().expect("--rounds N"));
     let secs: f64 = arg("--round-secs").map_or(2.0, |s| s.parse().expect("--round-secs S"));
@@ -659,6 +711,9 @@ fn coordinate() {
     // `compare`, serving `--compare-mode` (default `baseline`): a before/after in one run.
     let compare = arg("--compare");
     let compare_mode = arg("--compare-mode").unwrap_or_else(|| "baseline".into());
+    // The build that serves `--compare-mode` itself (default: this binary), so that a
+    // before/after can be run a second time with the two builds' places swapped.
+    let after = arg("--after");
     let quiet = flag("--json");
     let concurrent = flag("--concurrent");
     let restarts: usize = arg("--restarts").map_or(1, |s| s.parse().expect("--restarts K"));
@@ -667,6 +722,8 @@ fn coordinate() {
         "--restarts must be 1 to --rounds"
     );
     let exe = std::env::current_exe().unwrap();
+    // Each server runs from a file of its own (see `Copies`), unless `--shared-binary`.
+    let copies = Copies::new(!flag("--shared-binary"));
 
     // The sink both profilers push to: answers everything 200 and forgets it.
     let sink_rt = tokio::runtime::Builder::new_current_thread()
@@ -722,17 +779,21 @@ fn coordinate() {
             .filter_map(|&mode| {
                 if mode == "pyroscope" {
                     let path = anchor.as_ref()?;
-                    let mut cmd = Command::new(path);
+                    let mut cmd = Command::new(copies.of(mode, path.as_ref()));
                     cmd.args(["--sink", &sink]);
                     return Some(Server::start(mode, cmd));
                 }
-                let mut cmd = Command::new(&exe);
+                let path = match &after {
+                    Some(after) if mode == compare_mode => std::path::Path::new(after),
+                    _ => exe.as_path(),
+                };
+                let mut cmd = Command::new(copies.of(mode, path));
                 cmd.args(["serve", "--mode", mode, "--sink", &sink]);
                 Some(Server::start(mode, cmd))
             })
             .collect();
         if let Some(path) = &compare {
-            let mut cmd = Command::new(path);
+            let mut cmd = Command::new(copies.of("compare", path.as_ref()));
             cmd.args(["serve", "--mode", &compare_mode, "--sink", &sink]);
             servers.push(Server::start("compare", cmd));
         }
@@ -913,6 +974,7 @@ fn coordinate() {
     out.insert("load_fraction".into(), load_frac.into());
     out.insert("concurrent".into(), concurrent.into());
     out.insert("restarts".into(), restarts.into());
+    out.insert("own_copies".into(), copies.dir.is_some().into());
     let ran: Vec<&str> = picked
         .iter()
         .copied()
