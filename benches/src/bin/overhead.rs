@@ -668,6 +668,8 @@ impl Copies {
     fn new(own: bool) -> Copies {
         let dir = own.then(|| {
             let dir = std::env::temp_dir().join(format!("overhead-copies-{}", std::process::id()));
+            // A run killed before its end leaves its copies: never serve those.
+            let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).expect("a directory for the servers' executables");
             dir
         });
@@ -722,8 +724,6 @@ fn coordinate() {
         "--restarts must be 1 to --rounds"
     );
     let exe = std::env::current_exe().unwrap();
-    // Each server runs from a file of its own (see `Copies`), unless `--shared-binary`.
-    let copies = Copies::new(!flag("--shared-binary"));
 
     // The sink both profilers push to: answers everything 200 and forgets it.
     let sink_rt = tokio::runtime::Builder::new_current_thread()
@@ -770,6 +770,15 @@ fn coordinate() {
                 .collect()
         }
     };
+    if after.is_some() && (compare.is_none() || !picked.contains(&compare_mode.as_str())) {
+        eprintln!(
+            "overhead: --after serves --compare-mode ({compare_mode}) against --compare's build: \
+             give --compare, and that mode in --modes"
+        );
+        std::process::exit(2);
+    }
+    // Each server runs from a file of its own (see `Copies`), unless `--shared-binary`.
+    let copies = Copies::new(!flag("--shared-binary"));
     let stack_at = picked.iter().position(|m| *m == "stack").unwrap();
     assert_eq!(stack_at, usize::from(picked[0] == "none"));
     // Every mode's server, started afresh for each of the `--restarts` segments.
@@ -975,6 +984,16 @@ fn coordinate() {
     out.insert("concurrent".into(), concurrent.into());
     out.insert("restarts".into(), restarts.into());
     out.insert("own_copies".into(), copies.dir.is_some().into());
+    // Which build served what, so that a run with the builds' places swapped reads
+    // back unambiguously (`after_over_before` is then `--after`'s over `--compare`'s).
+    let path_of = |p: Option<&str>| p.map_or(serde_json::Value::Null, |p| p.into());
+    out.insert(
+        "after_binary".into(),
+        after
+            .as_deref()
+            .map_or_else(|| exe.display().to_string().into(), |p| p.into()),
+    );
+    out.insert("compare_binary".into(), path_of(compare.as_deref()));
     let ran: Vec<&str> = picked
         .iter()
         .copied()

@@ -11,7 +11,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::otel_context::{AttachedContext, SpanIds};
+use crate::otel_context::{AttachedContext, Place, SpanIds};
 use crate::registry;
 
 /// Narrows span labels on `tracing` span enter and exit.
@@ -61,6 +61,10 @@ enum Profiled {
     Yes {
         labels: SpanLabels,
         timer: PollTimer,
+        /// The span id of the nearest span, this one or an ancestor, that
+        /// `tracing-opentelemetry` sees: the context it leaves attached while this
+        /// span is entered is that span's.
+        otel_anchor: u64,
     },
 }
 
@@ -85,21 +89,29 @@ where
             None => {
                 // Decide once, at the first enter. The extensions lock is not held
                 // here: reading the OpenTelemetry context locks this span's data too.
-                let profiled = decide(id, span.metadata().name());
+                // The nearest span tracing-opentelemetry sees, as the parent span
+                // knows it (a request span's is its labels' own).
+                let anchor =
+                    span.parent()
+                        .and_then(|parent| match parent.extensions().get::<Profiled>() {
+                            Some(Profiled::Yes { otel_anchor, .. }) => Some(*otel_anchor),
+                            _ => None,
+                        });
+                let profiled = decide(id, span.metadata().name(), anchor);
                 let mut ext = span.extensions_mut();
                 // Another thread may have entered the span for the first time too and
                 // recorded its decision meanwhile: the first one recorded stands.
                 if ext.get_mut::<Profiled>().is_none() {
                     ext.insert(profiled);
                 }
-                if let Some(Profiled::Yes { labels, timer }) = ext.get_mut::<Profiled>() {
+                if let Some(Profiled::Yes { labels, timer, .. }) = ext.get_mut::<Profiled>() {
                     timer.enter(labels);
                 }
                 return;
             }
         }
         let mut ext = span.extensions_mut();
-        if let Some(Profiled::Yes { labels, timer }) = ext.get_mut::<Profiled>() {
+        if let Some(Profiled::Yes { labels, timer, .. }) = ext.get_mut::<Profiled>() {
             timer.enter(labels);
         }
     }
@@ -113,7 +125,7 @@ where
             return;
         }
         let mut ext = span.extensions_mut();
-        if let Some(Profiled::Yes { labels, timer }) = ext.get_mut::<Profiled>() {
+        if let Some(Profiled::Yes { labels, timer, .. }) = ext.get_mut::<Profiled>() {
             // Publishes at every outermost exit: the span may end (and be exported)
             // before this layer hears of its close.
             timer.exit(labels);
@@ -123,11 +135,13 @@ where
 
 /// Whether the span `id` (named `name`), entered for the first time, gets labels of
 /// its own: yes inside labelled work, unless it is the span those labels are for.
-fn decide(id: &Id, name: &'static str) -> Profiled {
+/// `anchor` is the parent span's `otel_anchor`, if it has labels of its own.
+fn decide(id: &Id, name: &'static str, anchor: Option<u64>) -> Profiled {
     let Some(parent) = spanprof_core::current_labels() else {
         return Profiled::No;
     };
-    match own_span_context(id, parent.span_id()) {
+    let enclosing = anchor.unwrap_or_else(|| parent.span_id());
+    match own_span_context(id, enclosing) {
         Some((sid, _)) if sid == parent.span_id() => Profiled::No,
         ids => {
             let (sid, otel, sampled) = match ids {
@@ -144,21 +158,22 @@ fn decide(id: &Id, name: &'static str) -> Profiled {
             Profiled::Yes {
                 labels,
                 timer: PollTimer::new(None),
+                otel_anchor: if otel { sid } else { enclosing },
             }
         }
     }
 }
 
 /// Whether an entered span's context can be read from OpenTelemetry's attached one.
-static ENTERED_SPAN: AttachedContext = AttachedContext::new();
+static ENTERED_SPAN: AttachedContext = AttachedContext::new(Place::Entered);
 
 /// The OpenTelemetry span id of the span being entered (it is the current span
 /// while layers hear of the enter) and whether it is sampled, if
 /// `tracing-opentelemetry` gives it one: read from OpenTelemetry's attached context
 /// once that is known to be the entered span's (`otel_context`).
-fn own_span_context(id: &Id, parent_span_id: u64) -> Option<(u64, bool)> {
+fn own_span_context(id: &Id, enclosing: u64) -> Option<(u64, bool)> {
     ENTERED_SPAN
-        .current_span_ids(Some(parent_span_id), || {
+        .current_span_ids(Some(enclosing), || {
             let current = tracing::Span::current();
             if current.id().as_ref() != Some(id) {
                 return None;
@@ -270,11 +285,13 @@ mod tests {
     }
 
     #[test]
-    fn an_inner_span_hidden_from_opentelemetry_gets_labels_of_its_own() {
+    fn inner_spans_hidden_from_opentelemetry_at_any_depth_get_labels_of_their_own() {
         // tracing-opentelemetry filtered to INFO (a filter of its own), this layer
-        // not: inside a profiled INFO span, a DEBUG span it does not see. The attached
-        // context is still the INFO span's; taking it, the DEBUG span would be decided
-        // to be its parent and run under the parent's labels.
+        // not: `#[instrument(level = "debug")]` functions calling each other inside a
+        // profiled INFO span. The attached context stays the INFO span's at every
+        // depth; taking it, the first DEBUG span would be decided to be its parent and
+        // run under the parent's labels, and the second take the INFO span's id (its
+        // parent's id is one of spanprof's, not the attached one).
         use opentelemetry::trace::TraceContextExt;
         use tracing_opentelemetry::OpenTelemetrySpanExt;
         use tracing_subscriber::filter::LevelFilter;
@@ -298,13 +315,21 @@ mod tests {
                 let outer = tracing::info_span!("price_items");
                 let outer_id =
                     u64::from_be_bytes(outer.context().span().span_context().span_id().to_bytes());
-                let labels = outer
-                    .in_scope(|| {
-                        tracing::debug_span!("round_prices").in_scope(spanprof_core::current_labels)
+                let (middle, inner) = outer.in_scope(|| {
+                    tracing::debug_span!("round_prices").in_scope(|| {
+                        let middle = spanprof_core::current_labels();
+                        let inner = tracing::debug_span!("round_one")
+                            .in_scope(spanprof_core::current_labels);
+                        (middle, inner)
                     })
-                    .expect("the hidden span has labels");
-                assert_eq!(&*labels.span_name(), "round_prices");
-                assert_ne!(labels.span_id(), outer_id);
+                });
+                let (middle, inner) = (middle.expect("labels"), inner.expect("labels"));
+                assert_eq!(&*middle.span_name(), "round_prices");
+                assert_ne!(middle.span_id(), outer_id);
+                assert_eq!(&*inner.span_name(), "round_one");
+                assert_ne!(inner.span_id(), outer_id);
+                assert_ne!(inner.span_id(), middle.span_id());
+                assert_eq!(inner.parent_span_id(), middle.span_id());
             }
         });
         assert_eq!(warnings.get(), 0);
