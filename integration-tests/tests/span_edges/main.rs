@@ -54,6 +54,12 @@ fn after_end(
     let (go_tx, go_rx) = tokio::sync::oneshot::channel();
     let (cpu_tx, cpu_rx) = std::sync::mpsc::channel();
     start(go_rx, cpu_tx);
+    // The work may still have been running with the span's labels up to the end
+    // (between its last message and its next await), and a signal taken then can be
+    // in its handler, which takes ~30 µs on these VMs, while `flush` drains: that
+    // sample, taken while the span was live, would land after the drain and count as
+    // one carrying the id after the end. Let such handlers finish first.
+    std::thread::sleep(Duration::from_millis(50));
     profiler.flush();
     let at_end = profiler
         .store()
