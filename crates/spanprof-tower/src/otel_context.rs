@@ -81,6 +81,15 @@ impl SpanIds {
     }
 }
 
+impl SpanIds {
+    /// The ids `tracing-opentelemetry` gives `span` (the exact lookup: the
+    /// registry, the span's extensions, its OpenTelemetry data's lock).
+    pub(crate) fn of_span(span: &tracing::Span) -> Option<SpanIds> {
+        use tracing_opentelemetry::OpenTelemetrySpanExt;
+        SpanIds::of(span.context().span().span_context())
+    }
+}
+
 /// The ids of OpenTelemetry's current (attached) context's span, if one of this
 /// process.
 fn attached() -> Option<SpanIds> {
@@ -258,9 +267,7 @@ pub(crate) mod tests {
 
     /// The ids `tracing-opentelemetry` gives the current span.
     fn exact() -> Option<SpanIds> {
-        let cx = tracing::Span::current().context();
-        let span = cx.span();
-        SpanIds::of(span.span_context())
+        SpanIds::of_span(&tracing::Span::current())
     }
 
     /// Looks up `n` spans' ids through `check`, each inside its own entered span;
@@ -269,7 +276,7 @@ pub(crate) mod tests {
         let mut asked = 0;
         for _ in 0..n {
             let span = tracing::info_span!("request");
-            let want = SpanIds::of(span.context().span().span_context());
+            let want = SpanIds::of_span(&span);
             assert!(want.is_some());
             let got = span.in_scope(|| {
                 check.current_span_ids(None, || {
@@ -326,7 +333,7 @@ pub(crate) mod tests {
         enclosing: impl FnOnce(&SpanIds) -> Option<u64>,
     ) -> (Option<SpanIds>, SpanIds) {
         let outer = tracing::info_span!("outer");
-        let outer_ids = SpanIds::of(outer.context().span().span_context()).expect("outer is seen");
+        let outer_ids = SpanIds::of_span(&outer).expect("outer is seen");
         let enclosing = enclosing(&outer_ids);
         let got = outer.in_scope(|| {
             tracing::debug_span!("hidden").in_scope(|| check.current_span_ids(enclosing, exact))

@@ -2,12 +2,10 @@
 //! inner `tracing` span being entered, so an inner span such as `calculate_total`
 //! has its own span-scoped profile while its local root's profile still includes it.
 
-use opentelemetry::trace::TraceContextExt;
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
 use spanprof_core::{NameId, PollTimer, SpanLabels};
 use tracing::Subscriber;
 use tracing::span::{Attributes, Id};
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 
@@ -178,9 +176,7 @@ fn own_span_context(id: &Id, enclosing: u64) -> Option<(u64, bool)> {
             if current.id().as_ref() != Some(id) {
                 return None;
             }
-            let cx = current.context();
-            let span = cx.span();
-            SpanIds::of(span.span_context())
+            SpanIds::of_span(&current)
         })
         .map(|ids| (ids.span_id, ids.sampled))
 }

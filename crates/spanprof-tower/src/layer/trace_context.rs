@@ -8,7 +8,6 @@ use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::otel_context::{AttachedContext, Place, SpanIds};
 use crate::setup::TraceSource;
@@ -120,11 +119,8 @@ pub(crate) fn current(headers: &http::HeaderMap) -> RequestTrace {
         // A request served inside another's labels (a router called from a handler):
         // the other request's attached context is not this one's.
         let enclosing = spanprof_core::current_labels().map(|labels| labels.span_id());
-        let ids = REQUEST_SPAN.current_span_ids(enclosing, || {
-            let cx = tracing::Span::current().context();
-            let span = cx.span();
-            SpanIds::of(span.span_context())
-        });
+        let ids = REQUEST_SPAN
+            .current_span_ids(enclosing, || SpanIds::of_span(&tracing::Span::current()));
         if let Some(ids) = ids {
             return RequestTrace {
                 trace_id: ids.trace_id,
