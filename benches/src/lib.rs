@@ -18,6 +18,7 @@ use spanprof::{Hotness, Profile, SpanLabels, WithSpanLabels};
 use checkout::shop;
 
 pub mod service;
+pub mod stacks;
 
 macro_rules! burners {
     ($($name:ident = ($a:literal, $b:literal, $c:literal, $k:literal)),*) => {

@@ -159,6 +159,7 @@ impl Collector {
                         // empties every ring.
                         let seen = sys::drain_requests();
                         shared.drain();
+                        sys::refresh_unwind_modules(true);
                         if shared.lock().stop {
                             break;
                         }

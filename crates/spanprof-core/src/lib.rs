@@ -49,7 +49,7 @@ pub use store::{
     DEFAULT_BUCKET_WIDTH, DEFAULT_BUCKETS, DEFAULT_MAX_BYTES, DEFAULT_MAX_SPANS,
     DEFAULT_MAX_STACKS, SpanProfileStore, SpanSummary, StoreConfig, StoreStats,
 };
-pub use sys::Mechanism;
+pub use sys::{Mechanism, Unwinding};
 pub use threads::{
     DEFAULT_RING_CAPACITY, SamplerStats, ThreadRegistration, deregister_current_thread,
     register_current_thread,

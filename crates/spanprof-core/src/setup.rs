@@ -5,17 +5,18 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
-/// Logged when the build has no frame pointers (checked at [`crate::Profiler`] start).
-pub const NO_FRAME_POINTERS: &str = "spanprof: this build has no frame pointers, so profile stacks stop after one or two frames. \
+/// Logged when stacks are walked by frame pointers (where there is no DWARF
+/// unwinder: not x86_64) and the build has none (checked at [`crate::Profiler`] start).
+pub const NO_FRAME_POINTERS: &str = "spanprof: this build has no frame pointers, and on this architecture stacks are walked by them, so profile stacks stop after one or two frames. \
 Build with frame pointers: in .cargo/config.toml, [build] rustflags = [\"-C\", \"force-frame-pointers=yes\", \"--cfg\", \"tokio_unstable\"] \
-(or RUSTFLAGS=\"-C force-frame-pointers=yes --cfg tokio_unstable\")";
+(a RUSTFLAGS variable in the environment replaces that list: add the flags to it too)";
 
 /// Logged when spanprof is built without `--cfg tokio_unstable` (at
 /// [`crate::install_runtime_hooks`], or when a runtime without the hooks polls
 /// labelled work).
 pub const NO_TOKIO_UNSTABLE: &str = "spanprof: built without `--cfg tokio_unstable`, so tasks spawned by a request (tokio::spawn) do not inherit its labels \
 and their CPU is not attributed to it. Add the cfg for the whole build: in .cargo/config.toml, \
-[build] rustflags = [\"-C\", \"force-frame-pointers=yes\", \"--cfg\", \"tokio_unstable\"]";
+[build] rustflags = [\"--cfg\", \"tokio_unstable\"] (a RUSTFLAGS variable in the environment replaces that list: add the flag to it too)";
 
 /// Logged when labelled work is polled inside a task of a tokio runtime that was not
 /// built with [`crate::install_runtime_hooks`].
@@ -69,15 +70,20 @@ pub(crate) fn emit_pending() {
     }
 }
 
-/// The message for a frame-pointer probe result, if it is one to report.
-pub(crate) fn frame_pointer_warning(present: Option<bool>) -> Option<&'static str> {
-    (present == Some(false)).then_some(NO_FRAME_POINTERS)
+/// The message for a frame-pointer probe result, if it is one to report: only where
+/// stacks are walked by frame pointers (the DWARF unwinder needs none).
+pub(crate) fn frame_pointer_warning(
+    present: Option<bool>,
+    unwinding: crate::Unwinding,
+) -> Option<&'static str> {
+    (present == Some(false) && unwinding == crate::Unwinding::FramePointers)
+        .then_some(NO_FRAME_POINTERS)
 }
 
-/// At profiler start: reports a build without frame pointers or without
-/// `--cfg tokio_unstable`.
-pub(crate) fn check_build(frame_pointers: Option<bool>) {
-    if frame_pointer_warning(frame_pointers).is_some() {
+/// At profiler start: reports a build whose stacks will break (no frame pointers
+/// where they are walked) or without `--cfg tokio_unstable`.
+pub(crate) fn check_build(frame_pointers: Option<bool>, unwinding: crate::Unwinding) {
+    if frame_pointer_warning(frame_pointers, unwinding).is_some() {
         report(FRAME_POINTERS);
     }
     if !cfg!(tokio_unstable) {
@@ -108,10 +114,16 @@ pub(crate) fn thread_registered_lazily() {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn a_build_without_frame_pointers_is_reported_with_the_fix() {
-        let m = super::frame_pointer_warning(Some(false)).expect("a message");
+    fn a_build_without_frame_pointers_is_reported_only_where_they_are_walked() {
+        use crate::Unwinding::{DwarfCfi, FramePointers};
+        let m = super::frame_pointer_warning(Some(false), FramePointers).expect("a message");
         assert!(m.contains("force-frame-pointers=yes"), "{m}");
-        assert_eq!(super::frame_pointer_warning(Some(true)), None);
-        assert_eq!(super::frame_pointer_warning(None), None);
+        assert_eq!(
+            super::frame_pointer_warning(Some(true), FramePointers),
+            None
+        );
+        assert_eq!(super::frame_pointer_warning(None, FramePointers), None);
+        // The DWARF unwinder needs no frame pointers: nothing to report.
+        assert_eq!(super::frame_pointer_warning(Some(false), DwarfCfi), None);
     }
 }

@@ -36,6 +36,7 @@ pub(crate) static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
         superseded: 0,
         high_rate_in_cold: 0,
         truncated: 0,
+        unrooted: 0,
         detached: 0,
         rearm_failed: 0,
     },
@@ -66,6 +67,7 @@ pub(crate) fn add_thread_stats(s: &mut SamplerStats, t: &sys::ThreadSampler) {
     s.superseded += t.superseded.load(Ordering::Relaxed);
     s.high_rate_in_cold += t.perf_cold.load(Ordering::Relaxed);
     s.truncated += t.truncated.load(Ordering::Relaxed);
+    s.unrooted += t.unrooted.load(Ordering::Relaxed);
     s.detached += t.detached.load(Ordering::Relaxed);
     s.rearm_failed += t.rearm_failed.load(Ordering::Relaxed);
 }
@@ -214,6 +216,11 @@ pub struct SamplerStats {
     pub high_rate_in_cold: u64,
     /// Samples whose stack was cut at the frame limit.
     pub truncated: u64,
+    /// Samples whose stack the DWARF unwinder could not follow to the thread's first
+    /// frame (code without call-frame information, a corrupt stack, a stack pointer
+    /// outside the thread's stack). Not counted where stacks are walked by frame
+    /// pointers only (not x86_64).
+    pub unrooted: u64,
     /// Samples of work that outlived its span, written as detached (no trace or span
     /// id, span name [`crate::DETACHED_SPAN_NAME`], the route kept).
     pub detached: u64,

@@ -5,7 +5,7 @@ mod config;
 mod profiler;
 
 pub(crate) use crate::error::ProfilerError;
-pub(crate) use crate::sys::Mechanism;
+pub(crate) use crate::sys::{Mechanism, Unwinding};
 pub(crate) use crate::threads::*;
 pub use config::*;
 pub use profiler::*;

@@ -40,25 +40,32 @@ pub(super) fn start_platform(cfg: ProfilerBuilder) -> Result<Arc<ProfilerInner>,
     };
     let max_high_hz = if perf_ok { MAX_HIGH_HZ } else { TIMER_MAX_HZ };
     let effective_high_hz = cfg.high_hz.min(max_high_hz);
+
+    let store = SpanProfileStore::new(
+        cfg.store.clone(),
+        1_000_000_000 / u64::from(cfg.baseline_hz),
+    );
+    let frame_pointers = sys::frame_pointers_present();
+    sys::refresh_unwind_modules(false);
+    let unwinding = sys::unwinding();
+    crate::setup::check_build(frame_pointers, unwinding);
     tracing::info!(
         baseline_hz = cfg.baseline_hz,
         high_hz = cfg.high_hz,
         effective_high_hz,
         mechanism = mechanism.as_str(),
+        unwinding = unwinding.as_str(),
         "spanprof: profiler started"
-    );
-    let store = SpanProfileStore::new(
-        cfg.store.clone(),
-        1_000_000_000 / u64::from(cfg.baseline_hz),
     );
     let caps = Capabilities {
         mechanism,
+        unwinding,
+        frame_pointers,
         baseline_hz: cfg.baseline_hz,
         high_hz: cfg.high_hz,
         effective_high_hz,
         max_high_hz,
     };
-    crate::setup::check_build(sys::frame_pointers_present());
     if let Some((lo, hi)) = crate::symbolize::executable_text() {
         sys::set_frame_pointer_text(lo as usize, hi as usize);
     }
@@ -106,6 +113,12 @@ pub(super) fn start_platform(_cfg: ProfilerBuilder) -> Result<Arc<ProfilerInner>
 pub struct Capabilities {
     /// How the high rate is reached.
     pub mechanism: Mechanism,
+    /// How stacks are unwound.
+    pub unwinding: Unwinding,
+    /// Whether this build has frame pointers (probed in spanprof's own code, which
+    /// the build's `RUSTFLAGS` reach like the service's); `None` where that cannot
+    /// be told. With [`Unwinding::DwarfCfi`] stacks are whole either way.
+    pub frame_pointers: Option<bool>,
     /// Configured baseline rate.
     pub baseline_hz: u32,
     /// Configured high rate.

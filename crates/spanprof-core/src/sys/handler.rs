@@ -439,10 +439,8 @@ unsafe fn handle(info: *const SigInfoTimer, uctx: *mut libc::c_void) {
     // SAFETY: `uctx` is the kernel's ucontext for this signal.
     let regs = unsafe { unwind::regs(uctx) };
     let written = ts.ring.write(|s| {
-        // SAFETY: [stack_lo, stack_hi) are this thread's stack bounds, read at
-        // registration on this thread, and we run on this thread.
-        let (depth, truncated) =
-            unsafe { unwind::walk(&regs, ts.stack_lo, ts.stack_hi, &mut s.frames) };
+        // SAFETY: `ts` is this thread's sampler and we run in its signal handler.
+        let (depth, truncated) = unsafe { unwind_stack(ts, &regs, &mut s.frames) };
         s.depth = depth as u32;
         if truncated {
             flags |= FLAG_TRUNCATED;
@@ -469,6 +467,43 @@ unsafe fn handle(info: *const SigInfoTimer, uctx: *mut libc::c_void) {
             super::wake::request_drain();
         }
     }
+}
+
+/// Unwinds the interrupted context into `out`: with the DWARF call-frame information
+/// of the loaded modules once it is published (x86_64), else by frame pointers.
+/// Returns the depth and whether the stack was cut at [`super::MAX_FRAMES`].
+///
+/// # Safety
+/// Only from the signal handler, on the thread `ts` was made for.
+#[inline(always)]
+unsafe fn unwind_stack(
+    ts: &ThreadSampler,
+    regs: &unwind::Regs,
+    out: &mut [u64; super::MAX_FRAMES],
+) -> (usize, bool) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(map) = super::dwarf::current() {
+        // SAFETY: 1. Only this thread's signal handler uses its cache, and the handler
+        // cannot nest (SIGPROF is blocked while it runs), so the borrow is exclusive.
+        // 2. [stack_lo, stack_hi) are this thread's stack bounds, read at registration
+        // on this thread, and we run on this thread.
+        let walk = unsafe {
+            super::dwarf::walk(
+                map,
+                regs,
+                ts.stack_lo,
+                ts.stack_hi,
+                &mut *ts.unwind_cache.get(),
+                out,
+            )
+        };
+        if !walk.rooted && !walk.truncated {
+            ts.unrooted.fetch_add(1, Ordering::Relaxed);
+        }
+        return (walk.depth, walk.truncated);
+    }
+    // SAFETY: as above, 2.
+    unsafe { unwind::walk(regs, ts.stack_lo, ts.stack_hi, out) }
 }
 
 /// Which timer sent the signal: `Some(true)` for a perf_event overflow, `Some(false)`

@@ -1,6 +1,7 @@
 //! All of spanprof's `unsafe` code lives in this module and its children: the
 //! per-thread label slot, the per-thread sample ring, the CPU timers, the perf
-//! events, the signal handler and the frame-pointer unwinder.
+//! events, the signal handler and the unwinders (DWARF call-frame information, frame
+//! pointers).
 //!
 //! The rest of the crate is safe code and talks to this module through the safe
 //! functions re-exported here. Every `unsafe` block states the invariants it relies
@@ -14,6 +15,8 @@ pub(crate) mod slot;
 
 #[cfg(all(spanprof_sampler, feature = "testing"))]
 mod alloc_counter;
+#[cfg(all(spanprof_sampler, target_arch = "x86_64"))]
+mod dwarf;
 #[cfg(spanprof_sampler)]
 mod handler;
 #[cfg(spanprof_sampler)]
@@ -44,6 +47,18 @@ pub(crate) use unwind::{frame_pointers_present, set_frame_pointer_text};
 #[cfg(spanprof_sampler)]
 pub(crate) use wake::{drain_requests, request_drain, wait_for_drain_request};
 
+/// Reads the loaded modules' unwind information for the signal handler: at profiler
+/// start (`only_if_asked` false), and from the drain thread, where it does so only
+/// when the handler met code no module covered (a library loaded since). Elsewhere
+/// than x86_64 the handler walks frame pointers only.
+#[cfg(spanprof_sampler)]
+pub(crate) fn refresh_unwind_modules(only_if_asked: bool) {
+    #[cfg(target_arch = "x86_64")]
+    dwarf::refresh(only_if_asked);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = only_if_asked;
+}
+
 #[cfg(not(spanprof_sampler))]
 mod unsupported;
 #[cfg(not(spanprof_sampler))]
@@ -70,6 +85,38 @@ impl Mechanism {
             Mechanism::Unavailable => "unavailable",
         }
     }
+}
+
+/// How the signal handler unwinds a sample's stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unwinding {
+    /// By the DWARF call-frame information (`.eh_frame`) of every loaded module:
+    /// whole stacks through glibc, C libraries and code built without frame pointers
+    /// (x86_64 Linux).
+    DwarfCfi,
+    /// By walking frame pointers: stacks stop in code built without them.
+    FramePointers,
+}
+
+impl Unwinding {
+    /// `"dwarf"` or `"frame_pointers"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unwinding::DwarfCfi => "dwarf",
+            Unwinding::FramePointers => "frame_pointers",
+        }
+    }
+}
+
+/// How this build's signal handler unwinds: DWARF on x86_64 once the profiler has
+/// read the loaded modules, frame pointers elsewhere.
+#[cfg(spanprof_sampler)]
+pub(crate) fn unwinding() -> Unwinding {
+    #[cfg(target_arch = "x86_64")]
+    if dwarf::current().is_some() {
+        return Unwinding::DwarfCfi;
+    }
+    Unwinding::FramePointers
 }
 
 /// Most frames one sample keeps; deeper stacks are truncated and marked.

@@ -17,6 +17,7 @@ pub(crate) struct ThreadSampler {
     pub(crate) samples: AtomicU64,
     pub(crate) superseded: AtomicU64,
     pub(crate) truncated: AtomicU64,
+    pub(crate) unrooted: AtomicU64,
     pub(crate) detached: AtomicU64,
     pub(crate) perf_cold: AtomicU64,
     pub(crate) rearm_failed: AtomicU64,
@@ -31,6 +32,7 @@ impl ThreadSampler {
             samples: AtomicU64::new(0),
             superseded: AtomicU64::new(0),
             truncated: AtomicU64::new(0),
+            unrooted: AtomicU64::new(0),
             detached: AtomicU64::new(0),
             perf_cold: AtomicU64::new(0),
             rearm_failed: AtomicU64::new(0),
@@ -53,6 +55,8 @@ pub(crate) fn request_drain() {
     *DRAIN_REQUESTS.lock().unwrap_or_else(|e| e.into_inner()) += 1;
     DRAIN_REQUESTED.notify_all();
 }
+
+pub(crate) fn refresh_unwind_modules(_only_if_asked: bool) {}
 
 pub(crate) fn wait_for_drain_request(seen: u32, timeout: std::time::Duration) {
     let guard = DRAIN_REQUESTS.lock().unwrap_or_else(|e| e.into_inner());
