@@ -16,6 +16,8 @@
 //! `--pause-resume` it times what a hot request's resume and pause of its thread's
 //! perf event cost (`spanprof::sample_floor_probe::pause_resume_cost`, `--iterations`
 //! pairs per round, 200 000 by default), beside a thread CPU clock read and `getppid`.
+//! With `--unwind` it times one walk of a stack by each of the handler's unwinders
+//! (frame pointers; DWARF with a warm and with a cold cache).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -197,24 +199,35 @@ fn mechanisms(secs: f64, rounds: usize) {
 }
 
 /// `--floor`: spanprof's cost per sample at 1 kHz against the machine's floor, in
-/// one run: each round runs the busy threads bare, with spanprof hot at 1 kHz, with
-/// an empty handler on the same perf event (re-armed by `ioctl`), and with a
-/// signal-free kernel ring, in a rotating order.
+/// one run: each round runs the busy threads bare, with spanprof hot at 1 kHz
+/// unwinding by DWARF and by frame pointers, with an empty handler on the same perf
+/// event (re-armed by `ioctl`), and with a signal-free kernel ring, in a rotating
+/// order.
 fn floor_run(secs: f64, rounds: usize) {
     const HZ: u64 = 1000;
-    let names = ["spanprof", "empty_handler", "kernel_ring"];
-    let mut cost: [Vec<f64>; 3] = Default::default();
-    let mut rate: [Vec<f64>; 3] = Default::default();
+    let names = [
+        "spanprof",
+        "spanprof_frame_pointers",
+        "empty_handler",
+        "kernel_ring",
+    ];
+    let mut cost: [Vec<f64>; 4] = Default::default();
+    let mut rate: [Vec<f64>; 4] = Default::default();
     let mut mechanism = String::new();
     for round in 0..rounds {
         let (bare, _) = run(secs, false);
-        for k in 0..3 {
-            let i = (round + k) % 3;
+        for k in 0..names.len() {
+            let i = (round + k) % names.len();
             let (with, per_cpu_s) = match i {
-                0 => {
+                0 | 1 => {
                     let p = spanprof::Profiler::builder()
                         .baseline_hz(99)
                         .high_hz(HZ as u32)
+                        .unwinding(if i == 0 {
+                            spanprof::Unwinding::DwarfCfi
+                        } else {
+                            spanprof::Unwinding::FramePointers
+                        })
                         .start()
                         .expect("profiler");
                     mechanism = p.capabilities().mechanism.as_str().to_owned();
@@ -222,7 +235,7 @@ fn floor_run(secs: f64, rounds: usize) {
                     p.stop();
                     r
                 }
-                1 => {
+                2 => {
                     floor::install();
                     let r = run_sampled(secs, Sampling::EmptyHandler(1_000_000_000 / HZ));
                     floor::uninstall();
@@ -234,32 +247,37 @@ fn floor_run(secs: f64, rounds: usize) {
             cost[i].push(c);
             rate[i].push(per_cpu_s);
             eprintln!(
-                "round {round}: {:<13} ratio {:.4}, {per_cpu_s:.0} samples per CPU-second, {c:.1} µs per sample",
+                "round {round}: {:<23} ratio {:.4}, {per_cpu_s:.0} samples per CPU-second, {c:.1} µs per sample",
                 names[i],
                 with / bare
             );
         }
     }
     let m: Vec<f64> = cost.iter().map(|c| median(c.clone())).collect();
-    // Per round, spanprof's cost over each floor, then the median of those.
-    let over = |j: usize| median(cost[0].iter().zip(&cost[j]).map(|(a, b)| a / b).collect());
+    // Per round, one cost over another, then the median of those.
+    let over =
+        |a: usize, b: usize| median(cost[a].iter().zip(&cost[b]).map(|(x, y)| x / y).collect());
     print_json(serde_json::json!({
         "requested_hz": HZ, "seconds_per_run": secs, "rounds": rounds,
         "spanprof_mechanism": mechanism,
         "cost_per_sample_us_spanprof": m[0],
-        "cost_per_sample_us_empty_handler": m[1],
-        "cost_per_sample_us_kernel_ring": m[2],
-        "spanprof_over_empty_handler": m[0] / m[1],
-        "spanprof_over_kernel_ring": m[0] / m[2],
-        "spanprof_over_empty_handler_median_of_rounds": over(1),
-        "spanprof_over_kernel_ring_median_of_rounds": over(2),
+        "cost_per_sample_us_spanprof_frame_pointers": m[1],
+        "cost_per_sample_us_empty_handler": m[2],
+        "cost_per_sample_us_kernel_ring": m[3],
+        "spanprof_over_empty_handler": m[0] / m[2],
+        "spanprof_over_kernel_ring": m[0] / m[3],
+        "spanprof_over_empty_handler_median_of_rounds": over(0, 2),
+        "spanprof_frame_pointers_over_empty_handler_median_of_rounds": over(1, 2),
+        "spanprof_over_kernel_ring_median_of_rounds": over(0, 3),
         "samples_per_cpu_second": {
             "spanprof": median(rate[0].clone()),
-            "empty_handler": median(rate[1].clone()),
-            "kernel_ring": median(rate[2].clone()),
+            "spanprof_frame_pointers": median(rate[1].clone()),
+            "empty_handler": median(rate[2].clone()),
+            "kernel_ring": median(rate[3].clone()),
         },
         "cost_per_sample_us_all_rounds": {
-            "spanprof": cost[0], "empty_handler": cost[1], "kernel_ring": cost[2],
+            "spanprof": cost[0], "spanprof_frame_pointers": cost[1],
+            "empty_handler": cost[2], "kernel_ring": cost[3],
         },
     }));
 }
@@ -289,6 +307,40 @@ fn pause_resume_run(rounds: usize, iterations: u32) {
     }));
 }
 
+/// `--unwind`: what one walk of a stack costs each unwinder of the signal handler,
+/// on stacks of 10, 30 and 60 frames of recursion (`--iterations` walks each, 200 000
+/// by default); medians over the rounds.
+fn unwind_run(rounds: usize, iterations: u32) {
+    let mut rows = Vec::new();
+    for depth in [10u32, 30, 60] {
+        let (mut fp, mut dwarf, mut cold) = (Vec::new(), Vec::new(), Vec::new());
+        let mut frames = (0, 0);
+        for round in 0..rounds {
+            let c = spanprof::sample_floor_probe::unwind_cost(depth, iterations)
+                .expect("a DWARF unwinder (x86_64)");
+            eprintln!(
+                "round {round}, depth {depth}: frame pointers {:.0} ns ({} frames), DWARF {:.0} ns ({} frames), DWARF cold {:.0} ns",
+                c.frame_pointer_ns,
+                c.frame_pointer_frames,
+                c.dwarf_ns,
+                c.dwarf_frames,
+                c.dwarf_cold_ns
+            );
+            fp.push(c.frame_pointer_ns);
+            dwarf.push(c.dwarf_ns);
+            cold.push(c.dwarf_cold_ns);
+            frames = (c.frame_pointer_frames, c.dwarf_frames);
+        }
+        rows.push(serde_json::json!({
+            "recursion_depth": depth,
+            "frame_pointer_frames": frames.0, "dwarf_frames": frames.1,
+            "frame_pointer_ns": median(fp), "dwarf_ns": median(dwarf),
+            "dwarf_cold_ns": median(cold),
+        }));
+    }
+    print_json(serde_json::json!({ "rounds": rounds, "iterations": iterations, "stacks": rows }));
+}
+
 fn main() {
     let secs: f64 = arg("--seconds").map_or(3.0, |s| s.parse().expect("--seconds S"));
     let rounds: usize = arg("--rounds").map_or(3, |s| s.parse().expect("--rounds N"));
@@ -297,6 +349,11 @@ fn main() {
     }
     if spanprof_bench::flag("--floor") {
         return floor_run(secs, rounds);
+    }
+    if spanprof_bench::flag("--unwind") {
+        let iterations =
+            arg("--iterations").map_or(200_000, |s| s.parse().expect("--iterations N"));
+        return unwind_run(rounds, iterations);
     }
     if spanprof_bench::flag("--pause-resume") {
         let iterations =

@@ -35,6 +35,7 @@ pub struct ProfilerBuilder {
     pub(super) use_perf_events: bool,
     pub(super) store: StoreConfig,
     pub(super) cache_bytes: usize,
+    pub(super) unwinding: Unwinding,
 }
 
 impl Default for ProfilerBuilder {
@@ -54,6 +55,7 @@ impl ProfilerBuilder {
             use_perf_events: true,
             store: StoreConfig::default(),
             cache_bytes: DEFAULT_CACHE_BYTES,
+            unwinding: Unwinding::DwarfCfi,
         }
     }
 
@@ -92,6 +94,18 @@ impl ProfilerBuilder {
     /// when the kernel refuses them the profiler falls back to the timer anyway.
     pub fn use_perf_events(mut self, yes: bool) -> Self {
         self.use_perf_events = yes;
+        self
+    }
+
+    /// How the signal handler unwinds stacks. Defaults to [`Unwinding::DwarfCfi`]:
+    /// whole stacks whatever the code was built with. [`Unwinding::FramePointers`]
+    /// costs less per frame (docs/benchmarks.md) but needs a build with frame
+    /// pointers and still loses the caller of every sample in code without them
+    /// (glibc's allocator, C libraries). Where there is no DWARF unwinder (not
+    /// x86_64) stacks are walked by frame pointers whatever is asked;
+    /// [`Profiler::capabilities`] says which is in force.
+    pub fn unwinding(mut self, unwinding: Unwinding) -> Self {
+        self.unwinding = unwinding;
         self
     }
 

@@ -47,7 +47,7 @@ pub(super) fn start_platform(cfg: ProfilerBuilder) -> Result<Arc<ProfilerInner>,
     );
     let frame_pointers = sys::frame_pointers_present();
     sys::refresh_unwind_modules(false);
-    let unwinding = sys::unwinding();
+    let unwinding = sys::set_unwinding(cfg.unwinding);
     crate::setup::check_build(frame_pointers, unwinding);
     tracing::info!(
         baseline_hz = cfg.baseline_hz,
@@ -134,7 +134,8 @@ pub struct Capabilities {
 /// slots, not the allocator's overhead; a stack or labels shared by the store and
 /// a cache count in both. Not counted: the symbolizer's parsed debug information
 /// (blazesym's; it grows with the code that was sampled, up to the size of the
-/// binaries' debug information) and each thread's sample ring (fixed at start).
+/// binaries' debug information), each thread's sample ring (fixed at start) and its
+/// unwind cache (about 36 KB).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MemoryStats {
     /// The store's estimate ([`crate::StoreStats::bytes`]).

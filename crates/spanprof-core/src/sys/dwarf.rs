@@ -17,7 +17,7 @@
 //!   a list is pinned first (`dlopen` with `RTLD_NOLOAD | RTLD_NODELETE`), so
 //!   `dlclose` can never unmap what a handler may read; the executable and the vDSO
 //!   are never unmapped anyway.
-//! - **The cache** (framehop's rule cache and gimli's evaluation context, about 60 KB)
+//! - **The cache** (framehop's rule cache and gimli's evaluation context, about 36 KB)
 //!   is made per thread at registration; only that thread's handler touches it.
 //! - **Stack reads** are bounds-checked against the interrupted thread's stack: a
 //!   read outside `[sp, stack_hi)` fails and ends the walk.
@@ -96,12 +96,32 @@ static LAST_READ: Mutex<Option<Instant>> = Mutex::new(None);
 /// Least time between two reads of the module list prompted by unknown code.
 pub(crate) const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Whether the handler unwinds by DWARF (the profiler's [`crate::Unwinding`]).
+static ENABLED: AtomicBool = AtomicBool::new(true);
+
+/// Chooses between DWARF and frame-pointer unwinding for the samples to come.
+pub(crate) fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
 /// The published map, if any. Async-signal-safe (one atomic load).
 #[inline(always)]
 pub(crate) fn current() -> Option<&'static ModuleMap> {
     let p = CURRENT.load(Ordering::Acquire);
-    // SAFETY: a non-null CURRENT is a `Box::leak`ed map (`publish`), never freed.
+    // SAFETY: a non-null CURRENT is a map made by `Box::into_raw` in `refresh` and
+    // never freed.
     unsafe { p.as_ref() }
+}
+
+/// The map the handler unwinds with: the published one, unless frame pointers
+/// were chosen. Async-signal-safe (two atomic loads).
+#[inline(always)]
+pub(crate) fn in_use() -> Option<&'static ModuleMap> {
+    if ENABLED.load(Ordering::Relaxed) {
+        current()
+    } else {
+        None
+    }
 }
 
 /// Reads the modules and publishes a map of them if none is published yet or the
@@ -465,9 +485,9 @@ mod tests {
     fn a_map_covers_the_code_of_its_modules_only() {
         refresh(false);
         let map = current().expect("published");
-        let here = a_map_covers_the_code_of_its_modules_only as fn() as usize as u64;
+        let here = a_map_covers_the_code_of_its_modules_only as *const () as u64;
         assert!(map.covers(here));
-        assert!(map.covers(libc::malloc as usize as u64));
+        assert!(map.covers(libc::malloc as *const () as u64));
         let on_the_heap = Box::new(0u8);
         assert!(!map.covers(&*on_the_heap as *const u8 as u64));
         // Nothing changed: no new map.

@@ -482,7 +482,7 @@ unsafe fn unwind_stack(
     out: &mut [u64; super::MAX_FRAMES],
 ) -> (usize, bool) {
     #[cfg(target_arch = "x86_64")]
-    if let Some(map) = super::dwarf::current() {
+    if let Some(map) = super::dwarf::in_use() {
         // SAFETY: 1. Only this thread's signal handler uses its cache, and the handler
         // cannot nest (SIGPROF is blocked while it runs), so the borrow is exclusive.
         // 2. [stack_lo, stack_hi) are this thread's stack bounds, read at registration

@@ -88,13 +88,15 @@ impl Mechanism {
 }
 
 /// How the signal handler unwinds a sample's stack.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Unwinding {
     /// By the DWARF call-frame information (`.eh_frame`) of every loaded module:
     /// whole stacks through glibc, C libraries and code built without frame pointers
-    /// (x86_64 Linux).
+    /// (x86_64 Linux; elsewhere the profiler walks frame pointers). The default.
+    #[default]
     DwarfCfi,
-    /// By walking frame pointers: stacks stop in code built without them.
+    /// By walking frame pointers: cheaper per frame, but a stack stops (or skips its
+    /// caller) in code built without them, glibc's allocator among it.
     FramePointers,
 }
 
@@ -108,14 +110,18 @@ impl Unwinding {
     }
 }
 
-/// How this build's signal handler unwinds: DWARF on x86_64 once the profiler has
-/// read the loaded modules, frame pointers elsewhere.
+/// Makes the signal handler unwind as asked where it can, and returns how it will:
+/// DWARF on x86_64 once the loaded modules have been read, else frame pointers.
 #[cfg(spanprof_sampler)]
-pub(crate) fn unwinding() -> Unwinding {
+pub(crate) fn set_unwinding(asked: Unwinding) -> Unwinding {
     #[cfg(target_arch = "x86_64")]
-    if dwarf::current().is_some() {
-        return Unwinding::DwarfCfi;
+    {
+        dwarf::set_enabled(asked == Unwinding::DwarfCfi);
+        if dwarf::in_use().is_some() {
+            return Unwinding::DwarfCfi;
+        }
     }
+    let _ = asked;
     Unwinding::FramePointers
 }
 

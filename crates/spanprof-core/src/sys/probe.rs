@@ -331,3 +331,100 @@ pub fn pause_resume_cost(iterations: u32) -> io::Result<PauseResumeCost> {
         plain_syscall_us: per_call_us(plain),
     })
 }
+
+/// What [`unwind_cost`] measured: nanoseconds per walk of one stack, and the frames
+/// each walk found.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct UnwindCost {
+    /// The frame-pointer walk (what the handler does where there is no DWARF unwinder).
+    pub frame_pointer_ns: f64,
+    /// Frames the frame-pointer walk found.
+    pub frame_pointer_frames: usize,
+    /// The DWARF walk with the thread's rule cache warm (every sample after the first
+    /// at the same addresses).
+    pub dwarf_ns: f64,
+    /// Frames the DWARF walk found.
+    pub dwarf_frames: usize,
+    /// The DWARF walk with a cache that has never seen these addresses (each frame
+    /// parses its call-frame program).
+    pub dwarf_cold_ns: f64,
+}
+
+/// Times both unwinders of the signal handler on the calling thread's own stack,
+/// `depth` frames of recursion below this call, `iterations` walks each. Needs the
+/// loaded modules' unwind information, which a running profiler (or this call)
+/// publishes. `None` where there is no DWARF unwinder (not x86_64).
+pub fn unwind_cost(depth: u32, iterations: u32) -> Option<UnwindCost> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::dwarf::refresh(false);
+        Some(recurse(depth.max(1), iterations.max(1)))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (depth, iterations);
+        None
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(never)]
+fn recurse(depth: u32, iterations: u32) -> UnwindCost {
+    if depth > 1 {
+        let c = recurse(std::hint::black_box(depth - 1), iterations);
+        // Used after the call, so the call is not a tail call.
+        return std::hint::black_box(c);
+    }
+    let (pc, sp, fp): (usize, usize, usize);
+    // SAFETY: reads three registers into locals; touches no memory or stack.
+    unsafe {
+        core::arch::asm!(
+            "lea {pc}, [rip]", "mov {sp}, rsp", "mov {fp}, rbp",
+            pc = out(reg) pc, sp = out(reg) sp, fp = out(reg) fp,
+            options(nomem, nostack, preserves_flags)
+        )
+    };
+    let regs = super::unwind::Regs { pc, fp, sp };
+    let (lo, hi) = super::thread::current_stack_bounds().unwrap_or((0, 0));
+    let map = super::dwarf::current().expect("modules published");
+    let mut out = [0u64; super::MAX_FRAMES];
+    let time = |f: &mut dyn FnMut() -> usize| {
+        let start = Instant::now();
+        let mut frames = 0;
+        for _ in 0..iterations {
+            frames = std::hint::black_box(f());
+        }
+        (
+            start.elapsed().as_nanos() as f64 / f64::from(iterations),
+            frames,
+        )
+    };
+    let (frame_pointer_ns, frame_pointer_frames) = time(&mut || {
+        // SAFETY: [lo, hi) is this thread's stack, and the registers were read in this
+        // frame, which stays live below the walk (the walk's own frames lie below the
+        // captured stack pointer).
+        unsafe { super::unwind::walk(&regs, lo, hi, &mut out) }.0
+    });
+    let mut cache = super::dwarf::UnwindCache::new();
+    let (dwarf_ns, dwarf_frames) = time(&mut || {
+        // SAFETY: as for the frame-pointer walk above.
+        unsafe { super::dwarf::walk(map, &regs, lo, hi, &mut cache, &mut out) }.depth
+    });
+    let cold_iterations = iterations.min(1000);
+    let mut caches: Vec<_> = (0..cold_iterations)
+        .map(|_| super::dwarf::UnwindCache::new())
+        .collect();
+    let start = Instant::now();
+    for c in &mut caches {
+        // SAFETY: as for the frame-pointer walk above.
+        std::hint::black_box(unsafe { super::dwarf::walk(map, &regs, lo, hi, c, &mut out) });
+    }
+    let dwarf_cold_ns = start.elapsed().as_nanos() as f64 / f64::from(cold_iterations);
+    UnwindCost {
+        frame_pointer_ns,
+        frame_pointer_frames,
+        dwarf_ns,
+        dwarf_frames,
+        dwarf_cold_ns,
+    }
+}
