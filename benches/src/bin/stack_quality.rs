@@ -66,6 +66,14 @@ fn run_patterns(
         );
         out.push((p.name, q));
     }
+    let stats = profiler.sampler_stats();
+    if unwinding == Unwinding::DwarfCfi {
+        eprintln!(
+            "DWARF rule cache: {} frames, {:.2} % missed",
+            stats.unwind_frames,
+            100.0 * stats.unwind_cache_misses as f64 / stats.unwind_frames.max(1) as f64
+        );
+    }
     profiler.stop();
     (frame_pointers, out)
 }

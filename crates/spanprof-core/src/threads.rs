@@ -37,6 +37,8 @@ pub(crate) static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
         high_rate_in_cold: 0,
         truncated: 0,
         unrooted: 0,
+        unwind_frames: 0,
+        unwind_cache_misses: 0,
         detached: 0,
         rearm_failed: 0,
     },
@@ -68,6 +70,8 @@ pub(crate) fn add_thread_stats(s: &mut SamplerStats, t: &sys::ThreadSampler) {
     s.high_rate_in_cold += t.perf_cold.load(Ordering::Relaxed);
     s.truncated += t.truncated.load(Ordering::Relaxed);
     s.unrooted += t.unrooted.load(Ordering::Relaxed);
+    s.unwind_frames += t.unwind_lookups.load(Ordering::Relaxed);
+    s.unwind_cache_misses += t.unwind_misses.load(Ordering::Relaxed);
     s.detached += t.detached.load(Ordering::Relaxed);
     s.rearm_failed += t.rearm_failed.load(Ordering::Relaxed);
 }
@@ -221,6 +225,11 @@ pub struct SamplerStats {
     /// outside the thread's stack). Not counted where stacks are walked by frame
     /// pointers only (not x86_64).
     pub unrooted: u64,
+    /// Frames the DWARF unwinder has unwound (one rule lookup each).
+    pub unwind_frames: u64,
+    /// Of those, frames whose rule was not in the thread's cache (its call-frame
+    /// program was found and run: about 0.4 µs instead of 16 ns).
+    pub unwind_cache_misses: u64,
     /// Samples of work that outlived its span, written as detached (no trace or span
     /// id, span name [`crate::DETACHED_SPAN_NAME`], the route kept).
     pub detached: u64,

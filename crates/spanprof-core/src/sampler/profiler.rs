@@ -134,8 +134,8 @@ pub struct Capabilities {
 /// slots, not the allocator's overhead; a stack or labels shared by the store and
 /// a cache count in both. Not counted: the symbolizer's parsed debug information
 /// (blazesym's; it grows with the code that was sampled, up to the size of the
-/// binaries' debug information), each thread's sample ring (fixed at start) and its
-/// unwind cache (about 36 KB).
+/// binaries' debug information), each thread's sample ring (fixed at start) and the
+/// unwinder's pool of caches (about 144 KB per CPU, fixed at start).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MemoryStats {
     /// The store's estimate ([`crate::StoreStats::bytes`]).

@@ -470,7 +470,8 @@ unsafe fn handle(info: *const SigInfoTimer, uctx: *mut libc::c_void) {
 }
 
 /// Unwinds the interrupted context into `out`: with the DWARF call-frame information
-/// of the loaded modules once it is published (x86_64), else by frame pointers.
+/// of the loaded modules once it is published (x86_64) and a cache of the pool is
+/// free, else by frame pointers.
 /// Returns the depth and whether the stack was cut at [`super::MAX_FRAMES`].
 ///
 /// # Safety
@@ -482,27 +483,22 @@ unsafe fn unwind_stack(
     out: &mut [u64; super::MAX_FRAMES],
 ) -> (usize, bool) {
     #[cfg(target_arch = "x86_64")]
-    if let Some(map) = super::dwarf::in_use() {
-        // SAFETY: 1. Only this thread's signal handler uses its cache, and the handler
-        // cannot nest (SIGPROF is blocked while it runs), so the borrow is exclusive.
-        // 2. [stack_lo, stack_hi) are this thread's stack bounds, read at registration
-        // on this thread, and we run on this thread.
-        let walk = unsafe {
-            super::dwarf::walk(
-                map,
-                regs,
-                ts.stack_lo,
-                ts.stack_hi,
-                &mut *ts.unwind_cache.get(),
-                out,
-            )
-        };
+    if let Some(map) = super::dwarf::in_use()
+        && let Some(mut held) = super::dwarf::HeldCache::take(ts.tid as usize)
+    {
+        // SAFETY: [stack_lo, stack_hi) are this thread's stack bounds, read at
+        // registration on this thread, and we run on this thread.
+        let walk =
+            unsafe { super::dwarf::walk(map, regs, ts.stack_lo, ts.stack_hi, held.cache(), out) };
+        drop(held);
+        ts.unwind_lookups.fetch_add(walk.lookups, Ordering::Relaxed);
+        ts.unwind_misses.fetch_add(walk.misses, Ordering::Relaxed);
         if !walk.rooted && !walk.truncated {
             ts.unrooted.fetch_add(1, Ordering::Relaxed);
         }
         return (walk.depth, walk.truncated);
     }
-    // SAFETY: as above, 2.
+    // SAFETY: as for the DWARF walk above.
     unsafe { unwind::walk(regs, ts.stack_lo, ts.stack_hi, out) }
 }
 

@@ -410,7 +410,7 @@ fn recurse(depth: u32, iterations: u32) -> UnwindCost {
         // SAFETY: as for the frame-pointer walk above.
         unsafe { super::dwarf::walk(map, &regs, lo, hi, &mut cache, &mut out) }.depth
     });
-    let cold_iterations = iterations.min(1000);
+    let cold_iterations = iterations.min(200);
     let mut caches: Vec<_> = (0..cold_iterations)
         .map(|_| super::dwarf::UnwindCache::new())
         .collect();

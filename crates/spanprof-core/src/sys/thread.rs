@@ -1,7 +1,6 @@
 //! The sampling state of one registered thread: its sample ring, its CPU timer,
 //! its perf event and the counters the handler keeps.
 
-use std::cell::UnsafeCell;
 use std::io;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -20,9 +19,6 @@ pub(crate) struct ThreadSampler {
     pub(crate) stack_lo: usize,
     pub(crate) stack_hi: usize,
     pub(crate) ring: SampleRing,
-    /// The DWARF unwinder's cache: only this thread's signal handler touches it.
-    #[cfg(target_arch = "x86_64")]
-    pub(crate) unwind_cache: UnsafeCell<Box<super::dwarf::UnwindCache>>,
     /// The armed timer (the handler re-arms it in timer mode). Guarded for arm/disarm.
     timer: Mutex<Option<CpuTimer>>,
     pub(crate) timer_live: AtomicBool,
@@ -61,14 +57,16 @@ pub(crate) struct ThreadSampler {
     /// Samples whose stack the DWARF unwinder could not follow to the thread's first
     /// frame.
     pub(crate) unrooted: AtomicU64,
+    /// The DWARF unwinder's rule lookups (one per frame) and cache misses so far.
+    pub(crate) unwind_lookups: AtomicU64,
+    pub(crate) unwind_misses: AtomicU64,
     /// Samples of work whose span had ended (written as detached).
     pub(crate) detached: AtomicU64,
     pub(crate) rearm_failed: AtomicU64,
     pub(crate) retired: AtomicBool,
 }
 
-// SAFETY: `pthread_t` is an integer handle; `unwind_cache` is used by the owning
-// thread's signal handler alone (which cannot nest); every other field is Sync.
+// SAFETY: `pthread_t` is an integer handle; every other field is Sync.
 unsafe impl Send for ThreadSampler {}
 // SAFETY: as above.
 unsafe impl Sync for ThreadSampler {}
@@ -93,8 +91,6 @@ impl ThreadSampler {
             stack_lo,
             stack_hi,
             ring: SampleRing::new(ring_capacity),
-            #[cfg(target_arch = "x86_64")]
-            unwind_cache: UnsafeCell::new(super::dwarf::UnwindCache::new()),
             timer: Mutex::new(None),
             timer_live: AtomicBool::new(false),
             timer_raw: AtomicUsize::new(0),
@@ -122,6 +118,8 @@ impl ThreadSampler {
             superseded: AtomicU64::new(0),
             truncated: AtomicU64::new(0),
             unrooted: AtomicU64::new(0),
+            unwind_lookups: AtomicU64::new(0),
+            unwind_misses: AtomicU64::new(0),
             detached: AtomicU64::new(0),
             rearm_failed: AtomicU64::new(0),
             retired: AtomicBool::new(false),
