@@ -196,6 +196,11 @@ fn serve(mode: &str, sink: &str) {
         })
         .high_hz(1000)
         .use_perf_events(mode != "baseline-sampling-noperf")
+        // SPANPROF_BASELINE_HZ=1 makes sampling negligible, for counting the request
+        // path's instructions under Callgrind (which slows the process fifty-fold and
+        // so multiplies the samples each request gets).
+        .with_env()
+        .expect("SPANPROF_* variables")
         .start()
         .expect("profiler");
     let provider = if processor {

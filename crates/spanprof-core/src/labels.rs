@@ -4,6 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
+use crate::sys::pool::RecordRef;
+
 use crate::intern::{self, NameId};
 use crate::profile::Hotness;
 use crate::record::{ENDED, HOT_BITS, LabelIds, LabelRecord};
@@ -36,7 +38,7 @@ use crate::sys;
 /// assert_eq!(labels.span_id_hex(), "00f067aa0ba902b7");
 /// ```
 pub struct SpanLabels {
-    pub(crate) record: Arc<LabelRecord>,
+    pub(crate) record: RecordRef,
     /// Whether this handle keeps the span alive (handles from
     /// [`crate::current_labels`] only carry the labels).
     owner: bool,
@@ -71,7 +73,7 @@ fn end(record: &LabelRecord) {
 
 impl SpanLabels {
     /// A new owning handle to `record`.
-    pub(crate) fn owning(record: Arc<LabelRecord>) -> SpanLabels {
+    pub(crate) fn owning(record: RecordRef) -> SpanLabels {
         record.owners.fetch_add(1, Ordering::Relaxed);
         SpanLabels {
             record,
@@ -80,7 +82,7 @@ impl SpanLabels {
     }
 
     /// A handle to `record` that carries the labels without keeping the span alive.
-    pub(crate) fn carrying(record: Arc<LabelRecord>) -> SpanLabels {
+    pub(crate) fn carrying(record: RecordRef) -> SpanLabels {
         SpanLabels {
             record,
             owner: false,
@@ -199,9 +201,20 @@ impl SpanLabels {
         child
     }
 
+    /// Hands these labels to the hook set with [`crate::on_first_sample`] the first
+    /// time a sample lands in their work (or, for a local root, in its tree's), on
+    /// the thread that pops them next. What `spanprof-tower` asks for the spans whose
+    /// attributes its span processor writes; call it before the labels are first
+    /// pushed.
+    pub fn report_first_sample(&self) {
+        self.record
+            .flags
+            .fetch_or(crate::record::REPORT, Ordering::Relaxed);
+    }
+
     /// Whether two handles point at the same label record.
     pub fn ptr_eq(&self, other: &SpanLabels) -> bool {
-        Arc::ptr_eq(&self.record, &other.record)
+        RecordRef::ptr_eq(&self.record, &other.record)
     }
 }
 
@@ -238,7 +251,7 @@ pub struct SpanLabelsBuilder {
     hot: Hotness,
     slow_deadline_ns: u64,
     high_ns: u64,
-    root: Option<Arc<LabelRecord>>,
+    root: Option<RecordRef>,
 }
 
 impl fmt::Debug for SpanLabelsBuilder {
@@ -326,9 +339,10 @@ impl SpanLabelsBuilder {
         self
     }
 
-    /// Builds the labels (one allocation).
+    /// Builds the labels: one record from the pool (allocated only when the pool has
+    /// none free).
     pub fn build(self) -> SpanLabels {
-        SpanLabels::owning(Arc::new(LabelRecord {
+        SpanLabels::owning(RecordRef::new(LabelRecord {
             ids: LabelIds {
                 trace_id: self.trace_id,
                 span_id: self.span_id,
@@ -347,6 +361,8 @@ impl SpanLabelsBuilder {
             busy_ns: AtomicU64::new(0),
             polls: AtomicU64::new(0),
             max_poll_ns: AtomicU64::new(0),
+            flags: AtomicU8::new(0),
+            refs: AtomicUsize::new(0),
         }))
     }
 }

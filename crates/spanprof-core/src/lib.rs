@@ -16,6 +16,7 @@ mod poll;
 pub mod pprof;
 mod profile;
 mod record;
+mod registration;
 mod sampler;
 pub mod setup;
 mod store;
@@ -41,6 +42,7 @@ pub use profile::{
     Frame, FunctionCost, Hotness, Profile, ProfileSample, SampleLabels, SpanCost, Stack,
     physical_frames,
 };
+pub use registration::on_first_sample;
 pub use sampler::{
     Capabilities, DEFAULT_BASELINE_HZ, DEFAULT_CACHE_BYTES, DEFAULT_DRAIN_INTERVAL,
     DEFAULT_HIGH_HZ, MAX_HIGH_HZ, MemoryStats, Profiler, ProfilerBuilder, TIMER_MAX_HZ,

@@ -82,7 +82,9 @@ impl SpanLabels {
     /// different threads. Exits out of order are taken apart in order: the labels stay
     /// in force until everything pushed after them has been popped.
     pub fn exit_detached(&self) -> bool {
-        crate::sys::slot::pop_detached(&self.record)
+        let popped = crate::sys::slot::pop_detached(&self.record);
+        crate::registration::after_pop(&self.record);
+        popped
     }
 
     /// Pushes these labels into the current thread's slot until the guard drops.
@@ -102,7 +104,9 @@ impl SpanLabels {
 #[must_use = "the labels are popped as soon as the guard drops"]
 pub struct LabelGuard<'a> {
     prev: *const LabelRecord,
-    _labels: PhantomData<&'a LabelRecord>,
+    rec: &'a LabelRecord,
+    /// Not `Send`: it restores this thread's slot.
+    _not_send: PhantomData<*const ()>,
 }
 
 impl std::fmt::Debug for LabelGuard<'_> {
@@ -120,7 +124,8 @@ pub(crate) fn push(rec: &LabelRecord) -> LabelGuard<'_> {
     entered(rec);
     LabelGuard {
         prev,
-        _labels: PhantomData,
+        rec,
+        _not_send: PhantomData,
     }
 }
 
@@ -128,6 +133,7 @@ impl Drop for LabelGuard<'_> {
     #[inline]
     fn drop(&mut self) {
         sys::slot::restore(self.prev);
+        crate::registration::after_pop(self.rec);
     }
 }
 

@@ -3,11 +3,11 @@
 //! handler (in `sys`) and the public label handles (`labels`) all depend on it, and
 //! it on nothing of theirs.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 use crate::intern::{self, NameId};
 use crate::profile::{Hotness, SampleLabels};
+use crate::sys::pool::RecordRef;
 
 /// The identity a sample carries, as ids: written once into a [`LabelRecord`],
 /// copied as one value into each sample by the signal handler, carried so through the
@@ -89,7 +89,7 @@ pub(crate) struct LabelRecord {
     pub(crate) cpu_ns: AtomicU64,
     /// The local root's record when this is an inner span: the handler adds this
     /// span's samples to the root's counters too, so a root's figures cover its tree.
-    pub(crate) root: Option<Arc<LabelRecord>>,
+    pub(crate) root: Option<RecordRef>,
     /// CLOCK_MONOTONIC time after which the work is promoted to `Slow` (0: never).
     pub(crate) slow_deadline_ns: u64,
     /// High sampling period for this work in ns (0: the profiler's).
@@ -98,7 +98,22 @@ pub(crate) struct LabelRecord {
     pub(crate) busy_ns: AtomicU64,
     pub(crate) polls: AtomicU64,
     pub(crate) max_poll_ns: AtomicU64,
+    /// [`SAMPLED`] once the signal handler has counted a sample on this record (or, for
+    /// a local root, on one of its tree); [`HANDLED`] once a pop has looked at that;
+    /// [`REPORT`] if the span is to be handed to the first-sample hook then
+    /// (`crate::registration`).
+    pub(crate) flags: AtomicU8,
+    /// References to this record ([`RecordRef`]'s count).
+    pub(crate) refs: AtomicUsize,
 }
+
+/// [`LabelRecord::flags`]: a sample was counted on the record.
+pub(crate) const SAMPLED: u8 = 1;
+/// [`LabelRecord::flags`]: a pop has seen [`SAMPLED`] (and handed the span over if
+/// [`REPORT`]).
+pub(crate) const HANDLED: u8 = 2;
+/// [`LabelRecord::flags`]: hand the span to the first-sample hook.
+pub(crate) const REPORT: u8 = 4;
 
 /// The bit of [`LabelRecord::state`] set when the span has ended. From then on the
 /// signal handler writes samples of work still running under these labels as

@@ -31,8 +31,10 @@ pub const ATTR_CPU_NS: &str = "spanprof.cpu_ns";
 /// `sampled` or `slow` when the span was profiled at the high rate; absent otherwise.
 pub const ATTR_HOT: &str = "spanprof.hot";
 
-/// A [`SpanProcessor`] that adds spanprof's attributes to every profiled span as it
-/// ends and passes it on to `next` (your exporting processor).
+/// A [`SpanProcessor`] that adds spanprof's attributes to the spans CPU samples landed
+/// in as they end (all profiled spans with
+/// [`SpanProfileProcessor::figures_on_every_span`]) and passes every span on to
+/// `next` (your exporting processor).
 ///
 /// ```
 /// use opentelemetry_sdk::trace::{SdkTracerProvider, SimpleSpanProcessor, InMemorySpanExporter};
@@ -63,6 +65,18 @@ impl<P> SpanProfileProcessor<P> {
             next,
             deferred: false,
         }
+    }
+}
+
+impl<P> SpanProfileProcessor<P> {
+    /// Writes the `spanprof.*` figures (busy, idle, polls, CPU) on every span of a
+    /// sampled trace that spanprof labels, not only on spans a CPU sample landed in
+    /// (the default). Every such span is then tracked from its start, at a price per
+    /// request measured in docs/benchmarks.md. `pyroscope.profile.id` stays on spans
+    /// with samples only either way.
+    pub fn figures_on_every_span(self) -> Self {
+        registry::track_every_span();
+        self
     }
 }
 
@@ -115,8 +129,9 @@ fn write_attributes(span: &mut SpanData, figures: Figures) {
         .duration_since(span.start_time)
         .unwrap_or(Duration::ZERO)
         .as_nanos() as u64;
-    let profile_id = figures
-        .own_profile_id
+    // Only where samples carry the id: a profile id on a span with none opens an
+    // empty flamegraph.
+    let profile_id = (figures.own_profile_id && figures.cpu_samples > 0)
         .then(|| KeyValue::new(ATTR_PROFILE_ID, format!("{:016x}", span_id(span))));
     let hot = figures.hot.as_str().map(|hot| KeyValue::new(ATTR_HOT, hot));
     let figures = profile_id

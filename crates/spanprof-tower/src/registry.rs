@@ -210,17 +210,34 @@ fn remove(span_id: u64) -> Option<State> {
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static EVICTED: AtomicU64 = AtomicU64::new(0);
 static SCOPE_ALL: AtomicBool = AtomicBool::new(false);
+static EVERY_SPAN: AtomicBool = AtomicBool::new(false);
 
 /// Turns tracking on (a [`crate::SpanProfileProcessor`] exists to consume it), and
 /// allocates the table here, on the thread that sets the service up, rather than
-/// on the first request's worker.
+/// on the first request's worker. Spans are tracked when the first sample lands in
+/// them (the core calls [`track`] then); with [`track_every_span`], at their start.
 pub(crate) fn enable() {
     LazyLock::force(&TABLE);
     ENABLED.store(true, Ordering::Relaxed);
+    spanprof_core::on_first_sample(track);
 }
 
 pub(crate) fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
+}
+
+/// Tracks every sampled trace's span from its start (not only spans that receive a
+/// sample): `SpanProfileProcessor::figures_on_every_span`.
+pub(crate) fn track_every_span() {
+    EVERY_SPAN.store(true, Ordering::Relaxed);
+}
+
+/// Whether a span starting now is tracked at once: every span (see
+/// [`track_every_span`]), or hot work (sampled at the high rate anyway). Others are
+/// tracked when their first sample lands.
+#[inline]
+pub(crate) fn track_at_start(hot: Hotness) -> bool {
+    hot != Hotness::Cold || EVERY_SPAN.load(Ordering::Relaxed)
 }
 
 /// Sets which spans carry their own profile id (process-wide; the layer's builder sets it).

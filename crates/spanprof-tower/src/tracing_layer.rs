@@ -148,8 +148,12 @@ fn decide(id: &Id, name: &'static str, anchor: Option<u64>) -> Profiled {
             };
             // Interned through the thread's own cache: no shared lock per span.
             let labels = parent.child_named(sid, NameId::intern_static(name));
-            if otel && sampled {
-                registry::track(&labels);
+            if otel && sampled && registry::enabled() {
+                if registry::track_at_start(labels.hotness()) {
+                    registry::track(&labels);
+                } else {
+                    labels.report_first_sample();
+                }
             }
             // Inner spans are promoted by the signal handler, from the slow deadline
             // they inherit.

@@ -46,9 +46,12 @@ fn subscriber_with(level: LevelFilter, otel: Option<Otel>) -> (Logs, InMemorySpa
     let logs: Logs = Arc::default();
     let exporter = InMemorySpanExporter::default();
     let provider = SdkTracerProvider::builder()
-        .with_span_processor(SpanProfileProcessor::new(SimpleSpanProcessor::new(
-            exporter.clone(),
-        )))
+        .with_span_processor(
+            SpanProfileProcessor::new(SimpleSpanProcessor::new(exporter.clone()))
+                // Every request span tracked, so that each shows it was linked (the profile
+                // id itself only on spans a sample landed in).
+                .figures_on_every_span(),
+        )
         .build();
     let otel_layer = |activation: bool| {
         tracing_opentelemetry::layer()
@@ -146,12 +149,25 @@ fn wait_until(done: impl Fn() -> bool) {
     }
 }
 
+/// Spans that carry `pyroscope.profile.id`.
 fn profile_ids(exporter: &InMemorySpanExporter) -> usize {
     exporter
         .get_finished_spans()
         .unwrap()
         .iter()
         .filter(|s| web::attr(s, spanprof::tower::ATTR_PROFILE_ID).is_some())
+        .count()
+}
+
+/// Request (root) spans whose spanprof figures were written: the requests the layers
+/// linked.
+fn linked_spans(exporter: &InMemorySpanExporter) -> usize {
+    exporter
+        .get_finished_spans()
+        .unwrap()
+        .iter()
+        .filter(|s| s.parent_span_id == opentelemetry::trace::SpanId::INVALID)
+        .filter(|s| web::attr(s, spanprof::tower::ATTR_POLLS).is_some())
         .count()
 }
 
@@ -179,12 +195,8 @@ fn serve_inner_spans(otel: Otel) -> Logs {
     );
     let statuses = serve_and_get(&rt, app, &["/hash", "/inner"].repeat(20));
     assert_eq!(statuses, [200; 40]);
-    wait_until(|| profile_ids(&exporter) == 40);
-    assert_eq!(
-        profile_ids(&exporter),
-        40,
-        "every request span links its profile"
-    );
+    wait_until(|| linked_spans(&exporter) == 40);
+    assert_eq!(linked_spans(&exporter), 40, "every request span is linked");
     assert_eq!(INNER_RIGHT.load(Ordering::Relaxed), 20);
     assert_eq!(
         INNER_WRONG.load(Ordering::Relaxed),
@@ -231,7 +243,7 @@ fn trace_layer_spans_filtered_out_by_level_are_reported_once() {
         "{}",
         found[0]
     );
-    assert_eq!(profile_ids(&exporter), 0);
+    assert_eq!(linked_spans(&exporter), 0);
 }
 
 #[test]

@@ -17,7 +17,7 @@ use super::ring::{FLAG_LABELLED, FLAG_PERF, FLAG_TRUNCATED};
 use super::thread::ThreadSampler;
 use super::timer::CpuTimer;
 use super::{perf, slot, unwind};
-use crate::record::{ENDED, HOT_BITS, LabelIds, LabelRecord};
+use crate::record::{ENDED, HOT_BITS, LabelIds, LabelRecord, SAMPLED};
 
 /// The signal both the CPU timers and the perf events deliver.
 pub(crate) const SIGNAL: i32 = libc::SIGPROF;
@@ -539,18 +539,20 @@ fn hotness_at(r: &LabelRecord, time_ns: u64) -> (bool, u8) {
 }
 
 /// Counts a written sample: on the thread, and on its live labels (and their local
-/// root), or as detached.
+/// root), marking them sampled, or as detached.
 #[inline(always)]
 fn count_sample(ts: &ThreadSampler, rec: Option<&LabelRecord>, ended: bool, weight_ns: u64) {
     ts.samples.fetch_add(1, Ordering::Relaxed);
     if ended {
         ts.detached.fetch_add(1, Ordering::Relaxed);
     } else if let Some(r) = rec {
-        r.cpu_samples.fetch_add(1, Ordering::Relaxed);
-        r.cpu_ns.fetch_add(weight_ns, Ordering::Relaxed);
-        if let Some(root) = r.root.as_deref() {
-            root.cpu_samples.fetch_add(1, Ordering::Relaxed);
-            root.cpu_ns.fetch_add(weight_ns, Ordering::Relaxed);
+        for r in std::iter::once(r).chain(r.root.as_deref()) {
+            r.cpu_samples.fetch_add(1, Ordering::Relaxed);
+            r.cpu_ns.fetch_add(weight_ns, Ordering::Relaxed);
+            // The first pop that sees it hands the span over (`crate::registration`).
+            if r.flags.load(Ordering::Relaxed) & SAMPLED == 0 {
+                r.flags.fetch_or(SAMPLED, Ordering::Relaxed);
+            }
         }
     }
 }

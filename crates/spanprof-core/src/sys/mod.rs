@@ -8,6 +8,7 @@
 //! on in a `// SAFETY:` comment.
 #![allow(unsafe_code)]
 
+pub(crate) mod pool;
 #[cfg(feature = "testing")]
 mod quarantine;
 pub(crate) mod ring;

@@ -8,9 +8,9 @@
 #[cfg(tokio_unstable)]
 use std::cell::Cell;
 use std::ptr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
+use super::pool::RecordRef;
 use crate::record::LabelRecord;
 
 thread_local! {
@@ -36,7 +36,7 @@ const HOOK_DEPTH: usize = 8;
 /// One detached push: the labels (a strong reference, so they outlive the push), the
 /// slot value to restore, and whether its exit came already (out of order).
 struct DetachedPush {
-    record: Arc<LabelRecord>,
+    record: RecordRef,
     prev: *const LabelRecord,
     exited: bool,
 }
@@ -63,13 +63,13 @@ const DETACHED_DEPTH: usize = 64;
 
 /// Pushes `record` and remembers the previous value until [`pop_detached`]. Returns
 /// whether it was pushed (not past [`DETACHED_DEPTH`]).
-pub(crate) fn push_detached(record: &Arc<LabelRecord>) -> bool {
+pub(crate) fn push_detached(record: &RecordRef) -> bool {
     DETACHED.with(|d| {
         let d = &mut d.borrow_mut().0;
         if d.len() >= DETACHED_DEPTH {
             return false;
         }
-        let prev = replace(Arc::as_ptr(record));
+        let prev = replace(record.as_ptr());
         d.push(DetachedPush {
             record: record.clone(),
             prev,
@@ -88,14 +88,14 @@ pub(crate) fn pop_detached(record: &LabelRecord) -> bool {
         let d = &mut d.borrow_mut().0;
         let Some(i) = d
             .iter()
-            .rposition(|p| !p.exited && ptr::eq(Arc::as_ptr(&p.record), record))
+            .rposition(|p| !p.exited && ptr::eq(p.record.as_ptr(), record))
         else {
             return false;
         };
         d[i].exited = true;
         // Unwind every exited push on top whose record is what the slot holds.
         while let Some(top) = d.last() {
-            if !top.exited || current_ptr() != Arc::as_ptr(&top.record) {
+            if !top.exited || current_ptr() != top.record.as_ptr() {
                 break;
             }
             let top = d.pop().expect("non-empty");
@@ -132,22 +132,16 @@ pub(crate) fn current_ptr() -> *const LabelRecord {
 }
 
 /// A new reference to the label record in this thread's slot, if any.
-pub(crate) fn current() -> Option<Arc<LabelRecord>> {
+pub(crate) fn current() -> Option<RecordRef> {
     let p = current_ptr();
     if p.is_null() {
         return None;
     }
-    // SAFETY: 1. Every pointer stored in the slot comes from `Arc::as_ptr` of a label
-    // record (see `crate::labels::push`, the detached pushes and the hooks), and the
-    // pusher keeps a strong reference until it restores the previous value, which
-    // happens on this thread after this call returns; so the strong count is at least
-    // 1 here. 2. Incrementing it and then building an `Arc` from the same pointer gives
-    // us our own reference, balanced when the returned `Arc` drops.
-    let record = unsafe {
-        Arc::increment_strong_count(p);
-        Arc::from_raw(p)
-    };
-    Some(record)
+    // SAFETY: every pointer stored in the slot comes from `RecordRef::as_ptr` of a
+    // label record (see `crate::poll::push`, the detached pushes and the hooks), and
+    // the pusher keeps a reference until it restores the previous value, which happens
+    // on this thread after this call returns.
+    Some(unsafe { RecordRef::from_live(p) })
 }
 
 #[cfg(tokio_unstable)]
@@ -190,7 +184,14 @@ pub(crate) fn hook_pop() {
     } else {
         ptr::null()
     };
+    let popped = current_ptr();
     restore(prev);
+    // SAFETY: `popped` is what this hook pushed (or an unbalanced push inside the poll
+    // restored by now): a record its task table entry keeps alive, since releases at
+    // terminate are deferred to after this point.
+    if let Some(r) = unsafe { popped.as_ref() } {
+        crate::registration::after_pop(r);
+    }
     if depth == 0 {
         let deferred = HOOK_DEFERRED.replace([ptr::null(); HOOK_DEPTH]);
         for p in deferred {
@@ -234,23 +235,18 @@ pub(crate) static LEAKED_AT_TERMINATE: std::sync::atomic::AtomicU64 =
     std::sync::atomic::AtomicU64::new(0);
 
 #[cfg(tokio_unstable)]
-/// Takes a strong reference to the record in this thread's slot and returns it as
-/// a raw pointer (null when the slot is empty). Balance with [`release_raw`].
+/// Takes a reference to the record in this thread's slot and returns it as a raw
+/// pointer (null when the slot is empty). Balance with [`release_raw`].
 pub(crate) fn retain_current_raw() -> *const LabelRecord {
-    let p = current_ptr();
-    if !p.is_null() {
-        // SAFETY: see `current`: the slot's record is alive and came from an `Arc`.
-        unsafe { Arc::increment_strong_count(p) };
-    }
-    p
+    current().map_or(ptr::null(), RecordRef::into_raw)
 }
 
 #[cfg(tokio_unstable)]
 /// Releases a reference taken by [`retain_current_raw`].
 pub(crate) fn release_raw(p: *const LabelRecord) {
     if !p.is_null() {
-        // SAFETY: `p` came from `retain_current_raw`, which took one strong reference
-        // that has not been released yet (callers release each pointer once).
-        unsafe { Arc::decrement_strong_count(p) };
+        // SAFETY: `p` came from `retain_current_raw`, which took one reference that has
+        // not been released yet (callers release each pointer once).
+        unsafe { RecordRef::release_raw(p) };
     }
 }

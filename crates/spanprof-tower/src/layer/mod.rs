@@ -386,8 +386,14 @@ impl Correlator {
             b = b.high_rate_hz(hz);
         }
         let labels = b.build();
-        if trace.otel_span && trace.sampled {
-            registry::track(&labels);
+        // Spans no sample lands in need nothing more: the first sample has the core
+        // hand the span to the registry (`registry::enable`).
+        if trace.otel_span && trace.sampled && registry::enabled() {
+            if registry::track_at_start(hot) {
+                registry::track(&labels);
+            } else {
+                labels.report_first_sample();
+            }
         }
         // Work already hot needs no promotion.
         let slow_after = policy.slow_after.filter(|_| hot == Hotness::Cold);
