@@ -367,6 +367,13 @@ impl SpanLabelsBuilder {
     }
 }
 
+/// Whether labels are active on this thread right now (one thread-local load: the
+/// cheap form of `current_labels().is_some()`).
+#[inline]
+pub fn labels_active() -> bool {
+    !sys::slot::current_ptr().is_null()
+}
+
 /// The labels active on this thread right now, if any (a new handle to them).
 ///
 /// This is how work handed to another thread keeps its labels: capture here,

@@ -36,7 +36,7 @@ pub use intern::{
     DEFAULT_MAX_NAMES, DETACHED_SPAN_NAME, InternStats, MAX_NAME_LEN, NameId, OVERFLOW_NAME,
     intern_stats, set_max_names,
 };
-pub use labels::{SpanLabels, SpanLabelsBuilder, current_labels};
+pub use labels::{SpanLabels, SpanLabelsBuilder, current_labels, labels_active};
 pub use poll::{LabelGuard, PollStats, PollTimer};
 pub use profile::{
     Frame, FunctionCost, Hotness, Profile, ProfileSample, SampleLabels, SpanCost, Stack,

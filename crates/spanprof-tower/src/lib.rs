@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+mod inner_spans;
 mod layer;
 mod otel_context;
 mod policy;

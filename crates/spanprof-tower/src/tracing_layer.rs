@@ -3,12 +3,13 @@
 //! has its own span-scoped profile while its local root's profile still includes it.
 
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
-use spanprof_core::{NameId, PollTimer, SpanLabels};
+use spanprof_core::{NameId, PollTimer};
 use tracing::Subscriber;
 use tracing::span::{Attributes, Id};
 use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 
+use crate::inner_spans::{self, Entry};
 use crate::otel_context::{AttachedContext, Place, SpanIds};
 use crate::registry;
 
@@ -46,25 +47,17 @@ pub struct SpanProfileLayer {
 impl SpanProfileLayer {
     /// The layer.
     pub fn new() -> Self {
-        // Calibrate the clock now rather than in the first request's span.
+        // Calibrate the clock and allocate the table of inner spans now rather than
+        // in the first request's span.
         PollTimer::calibrate();
+        inner_spans::init();
         SpanProfileLayer { _private: () }
     }
 }
 
-/// Per-span state kept in the span's extensions.
-enum Profiled {
-    /// Entered outside labelled work, or the request span itself: nothing to do.
-    No,
-    Yes {
-        labels: SpanLabels,
-        timer: PollTimer,
-        /// The span id of the nearest span, this one or an ancestor, that
-        /// `tracing-opentelemetry` sees: the context it leaves attached while this
-        /// span is entered is that span's.
-        otel_anchor: u64,
-    },
-}
+/// The state of a span whose entry did not fit in [`inner_spans`]'s table, kept in
+/// its extensions instead.
+struct Overflowed(Entry);
 
 impl<S> tracing_subscriber::Layer<S> for SpanProfileLayer
 where
@@ -73,97 +66,103 @@ where
     fn on_new_span(&self, _attrs: &Attributes<'_>, _id: &Id, _ctx: Context<'_, S>) {}
 
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
-        let Some(span) = ctx.span(id) else { return };
-        // Most enters are of spans decided before, and most of those are not profiled
-        // (a request's own span is entered at every poll, before its labels are
-        // pushed): a read lock tells, and only profiled spans take the write lock.
-        let decided = span
-            .extensions()
-            .get::<Profiled>()
-            .map(|p| matches!(p, Profiled::Yes { .. }));
-        match decided {
-            Some(false) => return,
-            Some(true) => {}
-            None => {
-                // Decide once, at the first enter. The extensions lock is not held
-                // here: reading the OpenTelemetry context locks this span's data too.
-                // The nearest span tracing-opentelemetry sees, as the parent span
-                // knows it (a request span's is its labels' own).
-                let anchor =
-                    span.parent()
-                        .and_then(|parent| match parent.extensions().get::<Profiled>() {
-                            Some(Profiled::Yes { otel_anchor, .. }) => Some(*otel_anchor),
-                            _ => None,
-                        });
-                let profiled = decide(id, span.metadata().name(), anchor);
-                let mut ext = span.extensions_mut();
-                // Another thread may have entered the span for the first time too and
-                // recorded its decision meanwhile: the first one recorded stands.
-                if ext.get_mut::<Profiled>().is_none() {
-                    ext.insert(profiled);
-                }
-                if let Some(Profiled::Yes { labels, timer, .. }) = ext.get_mut::<Profiled>() {
-                    timer.enter(labels);
-                }
-                return;
-            }
+        // A span with labels of its own: one probe of the table (one cache line).
+        if inner_spans::with(id.into_u64(), |e| e.timer.enter(&e.labels)).is_some()
+            || with_overflowed(&ctx, id, |e| e.timer.enter(&e.labels)).is_some()
+        {
+            return;
         }
-        let mut ext = span.extensions_mut();
-        if let Some(Profiled::Yes { labels, timer, .. }) = ext.get_mut::<Profiled>() {
-            timer.enter(labels);
+        // Entered outside labelled work (a request's own span is entered at every
+        // poll, before its labels are pushed): nothing to decide.
+        if !spanprof_core::labels_active() {
+            return;
+        }
+        let Some(span) = ctx.span(id) else { return };
+        // The nearest span tracing-opentelemetry sees, as the parent span knows it (a
+        // request span's is its labels' own).
+        let anchor = span.parent().and_then(|parent| {
+            inner_spans::with(parent.id().into_u64(), |e| e.otel_anchor)
+                .or_else(|| with_overflowed(&ctx, &parent.id(), |e| e.otel_anchor))
+        });
+        let Some(entry) = decide(id, span.metadata().name(), anchor) else {
+            return;
+        };
+        // Another thread may have entered the span for the first time too and stored
+        // its decision meanwhile: the first one stored stands.
+        if let Err(entry) = inner_spans::insert(id.into_u64(), entry, |e| e.timer.enter(&e.labels))
+        {
+            let mut ext = span.extensions_mut();
+            if ext.get_mut::<Overflowed>().is_none() {
+                ext.insert(Overflowed(entry));
+            }
+            if let Some(Overflowed(e)) = ext.get_mut::<Overflowed>() {
+                e.timer.enter(&e.labels);
+            }
         }
     }
 
     fn on_exit(&self, id: &Id, ctx: Context<'_, S>) {
-        let Some(span) = ctx.span(id) else { return };
-        if !matches!(
-            span.extensions().get::<Profiled>(),
-            Some(Profiled::Yes { .. })
-        ) {
-            return;
+        // Publishes at every outermost exit: the span may end (and be exported)
+        // before this layer hears of its close.
+        if inner_spans::with(id.into_u64(), |e| e.timer.exit(&e.labels)).is_none() {
+            with_overflowed(&ctx, id, |e| e.timer.exit(&e.labels));
         }
-        let mut ext = span.extensions_mut();
-        if let Some(Profiled::Yes { labels, timer, .. }) = ext.get_mut::<Profiled>() {
-            // Publishes at every outermost exit: the span may end (and be exported)
-            // before this layer hears of its close.
-            timer.exit(labels);
-        }
+    }
+
+    fn on_close(&self, id: Id, _ctx: Context<'_, S>) {
+        // Its labels end here (an overflowed entry goes with the span's extensions).
+        drop(inner_spans::remove(id.into_u64()));
     }
 }
 
-/// Whether the span `id` (named `name`), entered for the first time, gets labels of
-/// its own: yes inside labelled work, unless it is the span those labels are for.
+/// Runs `f` on span `id`'s entry kept in its extensions, if the table ever
+/// overflowed and this span's did.
+fn with_overflowed<S, R>(
+    ctx: &Context<'_, S>,
+    id: &Id,
+    f: impl FnOnce(&mut Entry) -> R,
+) -> Option<R>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    if inner_spans::overflowed() == 0 {
+        return None;
+    }
+    let span = ctx.span(id)?;
+    let mut ext = span.extensions_mut();
+    ext.get_mut::<Overflowed>().map(|Overflowed(e)| f(e))
+}
+
+/// Whether the span `id` (named `name`), entered inside labelled work and not decided
+/// yet, gets labels of its own: yes, unless it is the span those labels are for.
 /// `anchor` is the parent span's `otel_anchor`, if it has labels of its own.
-fn decide(id: &Id, name: &'static str, anchor: Option<u64>) -> Profiled {
-    let Some(parent) = spanprof_core::current_labels() else {
-        return Profiled::No;
-    };
+fn decide(id: &Id, name: &'static str, anchor: Option<u64>) -> Option<Entry> {
+    let parent = spanprof_core::current_labels()?;
     let enclosing = anchor.unwrap_or_else(|| parent.span_id());
-    match own_span_context(id, enclosing) {
-        Some((sid, _)) if sid == parent.span_id() => Profiled::No,
-        ids => {
-            let (sid, otel, sampled) = match ids {
-                Some((sid, sampled)) => (sid, true, sampled),
-                None => (random_span_id(), false, false),
-            };
-            // Interned through the thread's own cache: no shared lock per span.
-            let labels = parent.child_named(sid, NameId::intern_static(name));
-            if otel && sampled && registry::enabled() {
-                if registry::track_at_start(labels.hotness()) {
-                    registry::track(&labels);
-                } else {
-                    labels.report_first_sample();
-                }
-            }
-            // Inner spans are promoted by the signal handler, from the slow deadline
-            // they inherit.
-            Profiled::Yes {
-                labels,
-                timer: PollTimer::new(None),
-                otel_anchor: if otel { sid } else { enclosing },
-            }
+    let ids = own_span_context(id, enclosing);
+    if ids.is_some_and(|(sid, _)| sid == parent.span_id()) {
+        return None;
+    }
+    let (sid, otel, sampled) = match ids {
+        Some((sid, sampled)) => (sid, true, sampled),
+        None => (random_span_id(), false, false),
+    };
+    // Interned through the thread's own cache: no shared lock per span.
+    let labels = parent.child_named(sid, NameId::intern_static(name));
+    if otel && sampled && registry::enabled() {
+        if registry::track_at_start(labels.hotness()) {
+            registry::track(&labels);
+        } else {
+            labels.report_first_sample();
         }
     }
+    // Inner spans are promoted by the signal handler, from the slow deadline they
+    // inherit.
+    Some(Entry {
+        labels,
+        timer: PollTimer::new(None),
+        otel_anchor: if otel { sid } else { enclosing },
+    })
 }
 
 /// Whether an entered span's context can be read from OpenTelemetry's attached one.

@@ -121,10 +121,12 @@ impl HeldCache {
         let pool = POOL.get()?;
         let n = pool.len();
         (0..n).map(|k| &pool[(hint + k) % n]).find_map(|p| {
+            // `then`, not `then_some`: a `HeldCache` made for a cache another handler
+            // holds would free it when dropped.
             p.busy
                 .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
-                .then_some(HeldCache(p))
+                .then(|| HeldCache(p))
         })
     }
 
@@ -611,6 +613,23 @@ mod tests {
         let before = maps_published();
         refresh(false);
         assert_eq!(maps_published(), before);
+    }
+
+    #[test]
+    fn a_held_cache_is_never_handed_out_again_until_returned() {
+        refresh(false);
+        let n = POOL.get().expect("the pool").len();
+        let held: Vec<HeldCache> = (0..n)
+            .map(|i| HeldCache::take(i).expect("a free cache"))
+            .collect();
+        // Every cache held: a take finds none, and looking must not free any.
+        assert!(HeldCache::take(0).is_none());
+        assert!(
+            HeldCache::take(0).is_none(),
+            "a take that found nothing freed a held cache"
+        );
+        drop(held);
+        assert!(HeldCache::take(0).is_some());
     }
 
     #[test]
