@@ -15,12 +15,21 @@ inclusive cost per request of spanprof's entry points.
     cargo build --release -p spanprof-bench --bin overhead
     python3 benches/callgrind_servers.py 12 stack baseline [baseline-noprocessor ...]
     python3 benches/callgrind_servers.py --workload checkout 40 stack baseline
+    SPANPROF_BASELINE_HZ=1 python3 benches/callgrind_servers.py --workers 1 12 stack baseline
+
+With `--workers 1` the servers run one tokio worker (OVERHEAD_WORKERS): no allocation is
+freed on another thread, so glibc's allocator takes the same paths in every mode; with
+two, Callgrind's one-thread-at-a-time scheduling moves the share of allocations that
+miss the thread cache from run to run. SPANPROF_BASELINE_HZ=1 makes sampling
+negligible (under Callgrind a request lasts fifty times longer and so gets fifty times
+the samples).
 
 Exclusive costs sum to the total, so their differences add up to the difference of
 the totals; inclusive costs (summed over the calls into a function) overlap: a
 function's includes its callees'.
 """
 import collections
+import os
 import glob
 import re
 import subprocess
@@ -151,6 +160,9 @@ def main():
     workload = "json"
     if args[:1] == ["--workload"]:
         workload, args = args[1], args[2:]
+    if args[:1] == ["--workers"]:
+        os.environ["OVERHEAD_WORKERS"] = args[1]
+        args = args[2:]
     seconds = float(args[0])
     modes = args[1:]
     with tempfile.TemporaryDirectory() as outdir:

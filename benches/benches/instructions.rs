@@ -1,7 +1,8 @@
 //! Deterministic instruction counts (Callgrind, through gungraun) of spanprof's hot
 //! paths: a poll through `Labelled` (label push, hot check, pop) against a bare
-//! poll, `SpanLabels::enter()` + drop, and one request and one poll through
-//! `ProfileCorrelationLayer` against the same service without it. Each benchmark
+//! poll, `SpanLabels::enter()` + drop, one request and one poll through
+//! `ProfileCorrelationLayer` against the same service without it, and one request
+//! through the user's tracing stack with and without spanprof's layers. Each benchmark
 //! repeats its path `N` times so the per-iteration figure is exact to a fraction of
 //! an instruction; `scripts/instructions` compares them with the committed baseline
 //! (`benches/instructions-baseline.json`) and fails on a regression.
@@ -201,9 +202,119 @@ library_benchmark_group!(
     benchmarks = poll_bare, poll_labelled, push_pop, poll_layered
 );
 
+/// A span processor that drops every span as it ends, on the thread that ends it (a
+/// batch processor's thread would run beside the measured one).
+#[derive(Debug)]
+struct DropSpans;
+
+impl opentelemetry_sdk::trace::SpanProcessor for DropSpans {
+    fn on_start(&self, _: &mut opentelemetry_sdk::trace::Span, _: &opentelemetry::Context) {}
+    fn on_end(&self, span: opentelemetry_sdk::trace::SpanData) {
+        drop(black_box(span));
+    }
+    fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+        Ok(())
+    }
+    fn shutdown_with_timeout(
+        &self,
+        _: std::time::Duration,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        Ok(())
+    }
+}
+
+/// The user's stack as `overhead`'s servers run it, on this thread: a `request` span
+/// (`TraceLayer`'s) entered around each poll, an inner span (`validate_order`, as
+/// `#[instrument]` makes it), tracing-opentelemetry building both spans; with
+/// `spanprof`, `SpanProfileLayer`, `SpanProfileProcessor` and the correlation layer,
+/// as the docs set them up. No sample lands (the profiler is stopped), so this is what
+/// a request no sample touches costs.
+struct Stack {
+    _default: tracing::subscriber::DefaultGuard,
+    _provider: opentelemetry_sdk::trace::SdkTracerProvider,
+}
+
+fn stack(spanprof: bool) -> Stack {
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::prelude::*;
+    let provider = if spanprof {
+        opentelemetry_sdk::trace::SdkTracerProvider::builder()
+            .with_span_processor(spanprof::tower::SpanProfileProcessor::new(DropSpans))
+            .build()
+    } else {
+        opentelemetry_sdk::trace::SdkTracerProvider::builder()
+            .with_span_processor(DropSpans)
+            .build()
+    };
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("instructions")))
+        .with(spanprof.then(spanprof::tower::SpanProfileLayer::new));
+    Stack {
+        _default: tracing::subscriber::set_default(subscriber),
+        _provider: provider,
+    }
+}
+
+fn validating_handler(
+    _req: http::Request<()>,
+) -> std::future::Ready<Result<http::Response<String>, Infallible>> {
+    let _span = tracing::info_span!("validate_order").entered();
+    std::future::ready(Ok(http::Response::new(black_box(String::from("ok")))))
+}
+
+/// Runs `n` requests through `svc` inside a `request` span each.
+fn serve_in_spans<S, B>(svc: &mut S, n: u64) -> u64
+where
+    S: Service<http::Request<()>, Response = http::Response<B>, Error = Infallible>,
+{
+    let mut ok = 0;
+    for _ in 0..n {
+        let span = tracing::info_span!("request");
+        let mut fut = std::pin::pin!(span.in_scope(|| svc.call(request())));
+        let mut cx = Context::from_waker(Waker::noop());
+        if let Poll::Ready(Ok(resp)) = span.in_scope(|| fut.as_mut().poll(&mut cx)) {
+            ok += u64::from(resp.status().is_success());
+        }
+    }
+    ok
+}
+
+type StackService = tower::util::ServiceFn<Handler>;
+
+fn stack_service(n: u64) -> (Stack, StackService, u64) {
+    let stack = stack(false);
+    let mut svc = service_fn(validating_handler as Handler);
+    serve_in_spans(&mut svc, 20);
+    (stack, svc, n)
+}
+
+type StackLayered =
+    <ProfileCorrelationLayer<RouteFn> as Layer<tower::util::ServiceFn<Handler>>>::Service;
+
+fn stack_layered_service(n: u64) -> (Stack, StackLayered, u64) {
+    let stack = stack(true);
+    let mut svc = layer()
+        .make_route(route as RouteFn)
+        .layer(service_fn(validating_handler as Handler));
+    serve_in_spans(&mut svc, 20);
+    (stack, svc, n)
+}
+
+#[library_benchmark]
+#[bench::n(args = (N), setup = stack_service)]
+fn request_stack((_stack, mut svc, n): (Stack, StackService, u64)) -> u64 {
+    serve_in_spans(&mut svc, n)
+}
+
+#[library_benchmark]
+#[bench::n(args = (N), setup = stack_layered_service)]
+fn request_stack_spanprof((_stack, mut svc, n): (Stack, StackLayered, u64)) -> u64 {
+    serve_in_spans(&mut svc, n)
+}
+
 library_benchmark_group!(
     name = per_request;
-    benchmarks = request_bare, request_layered
+    benchmarks = request_bare, request_layered, request_stack, request_stack_spanprof
 );
 
 main!(library_benchmark_groups = per_poll, per_request);

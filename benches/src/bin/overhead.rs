@@ -150,7 +150,12 @@ fn process_cpu_ns() -> u64 {
 
 fn serve(mode: &str, sink: &str) {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    builder.worker_threads(2).enable_all();
+    // OVERHEAD_WORKERS=1 (`callgrind_servers.py --workers 1`): one worker, so that no
+    // allocation is freed on another thread and the allocator's paths are the same in
+    // every mode; under Callgrind, which runs one thread at a time, two workers make
+    // the glibc allocator's slow-path share depend on how the threads were scheduled.
+    let workers = std::env::var("OVERHEAD_WORKERS").map_or(2, |w| w.parse().expect("OVERHEAD_WORKERS"));
+    builder.worker_threads(workers).enable_all();
     let app = service::routes();
     if mode == "none" {
         let rt = builder.build().expect("runtime");

@@ -340,3 +340,96 @@ fn the_batching_span_processor_allocates_nothing_on_the_request_thread() {
             .any(|k| k == spanprof::tower::ATTR_CPU_NS)
     );
 }
+
+/// The same through a real axum server on loopback (one current-thread runtime, so
+/// the server's allocations are all on this thread): `TraceLayer` and
+/// tracing-opentelemetry, with and without spanprof's documented layers, the same
+/// requests from a client on that runtime.
+#[test]
+fn an_axum_request_no_sample_lands_in_allocates_nothing_more_than_the_stack() {
+    use axum::{Router, routing::post};
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::trace::{BatchSpanProcessor, InMemorySpanExporter};
+    use tower_http::trace::{DefaultMakeSpan, TraceLayer};
+    use tracing_subscriber::prelude::*;
+
+    #[tracing::instrument]
+    fn validate(n: usize) -> usize {
+        n * 2
+    }
+    let per_request = |spanprof: bool| {
+        let exporter = InMemorySpanExporter::default();
+        let provider = if spanprof {
+            opentelemetry_sdk::trace::SdkTracerProvider::builder()
+                .with_span_processor(spanprof::tower::SpanProfileProcessor::batch(
+                    exporter.clone(),
+                ))
+                .build()
+        } else {
+            opentelemetry_sdk::trace::SdkTracerProvider::builder()
+                .with_span_processor(BatchSpanProcessor::builder(exporter.clone()).build())
+                .build()
+        };
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("alloc")))
+            .with(spanprof.then(spanprof::tower::SpanProfileLayer::new));
+        let _default = tracing::subscriber::set_default(subscriber);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let app = Router::new().route(
+            "/api/orders",
+            post(|body: String| async move { validate(body.len()).to_string() }),
+        );
+        // One `Router::layer` call with the layers in a `ServiceBuilder`, as the docs
+        // set it up: axum boxes each route's service once per call.
+        let trace = TraceLayer::new_for_http()
+            .make_span_with(DefaultMakeSpan::new().level(tracing::Level::INFO));
+        let app = if spanprof {
+            app.layer(
+                tower::ServiceBuilder::new()
+                    .layer(trace)
+                    .layer(spanprof::tower::ProfileCorrelationLayer::new()),
+            )
+        } else {
+            app.layer(tower::ServiceBuilder::new().layer(trace))
+        };
+        let n = rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+            let client = hyper_util::client::legacy::Client::builder(
+                hyper_util::rt::TokioExecutor::new(),
+            )
+            .build_http::<http_body_util::Full<bytes::Bytes>>();
+            let call = || async {
+                let request = http::Request::post(format!("http://{addr}/api/orders"))
+                    .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+                    .unwrap();
+                let response = client.request(request).await.unwrap();
+                http_body_util::BodyExt::collect(response.into_body())
+                    .await
+                    .unwrap();
+            };
+            for _ in 0..20 {
+                call().await;
+            }
+            let before = ALLOC.allocations_on_this_thread();
+            let n = 500;
+            for _ in 0..n {
+                call().await;
+            }
+            (ALLOC.allocations_on_this_thread() - before) as f64 / f64::from(n)
+        });
+        provider.shutdown().expect("shutdown");
+        n
+    };
+    let stack = per_request(false);
+    let with_spanprof = per_request(true);
+    assert!(
+        with_spanprof - stack <= 0.02,
+        "spanprof allocates {:.2} times per request ({stack:.2} with the stack alone, {with_spanprof:.2} with spanprof)",
+        with_spanprof - stack
+    );
+}
