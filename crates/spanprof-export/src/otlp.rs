@@ -90,14 +90,16 @@ impl std::fmt::Debug for OtlpProfilesConfig {
     }
 }
 
-/// `OTLP profiles (<protocol>) to <endpoint, redacted>`: a start-up line.
+/// `OTLP profiles (<protocol>) to <endpoint, redacted> as service.name=<name>`: a
+/// start-up line.
 impl std::fmt::Display for OtlpProfilesConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "OTLP profiles ({}) to {}",
+            "OTLP profiles ({}) to {} as service.name={}",
             self.protocol,
-            crate::redact_url(&self.endpoint)
+            crate::redact_url(&self.endpoint),
+            self.service_name
         )
     }
 }
@@ -664,7 +666,10 @@ fn grpc_metadata(headers: &[(String, String)]) -> tonic::metadata::MetadataMap {
 }
 
 /// Exports a labelled CPU profile as OTLP profiles every interval. Experimental.
+/// Dropping it stops it at once (logged); [`OtlpProfilesExporter::shutdown`] sends
+/// the last interval first.
 #[derive(Debug)]
+#[must_use = "the exporter stops when dropped: keep it (or the Sinks holding it) alive as long as the service runs"]
 pub struct OtlpProfilesExporter {
     exporter: Exporter,
 }
@@ -717,6 +722,10 @@ impl OtlpProfilesExporter {
                 )
             }
         };
+        tracing::info!(
+            "spanprof: sending profiles: {cfg}, every {:?}",
+            cfg.interval
+        );
         let service = cfg.service_name.clone();
         let exporter = Exporter::start("otlp-interval", cfg.interval, source, delivery, move |p| {
             (!p.samples.is_empty()).then(|| export_request(p, &service).encode_to_vec())

@@ -365,8 +365,10 @@ impl Transport for PushTransport {
     }
 }
 
-/// Pushes a labelled CPU profile to Pyroscope every interval.
+/// Pushes a labelled CPU profile to Pyroscope every interval. Dropping it stops it
+/// at once (logged); [`PyroscopeExporter::shutdown`] pushes the last interval first.
 #[derive(Debug)]
+#[must_use = "the exporter stops when dropped: keep it (or the Sinks holding it) alive as long as the service runs"]
 pub struct PyroscopeExporter {
     exporter: Exporter,
 }
@@ -385,6 +387,10 @@ impl PyroscopeExporter {
             tenant_id: cfg.tenant_id.clone(),
         };
         let delivery = Delivery::start("pyroscope", cfg.delivery.clone(), transport);
+        tracing::info!(
+            "spanprof: sending profiles: {cfg}, every {:?}",
+            cfg.interval
+        );
         let exporter = Exporter::start(
             "pyroscope-interval",
             cfg.interval,

@@ -124,6 +124,7 @@ pub async fn serve(
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
+#[must_use = "the viewer stops when dropped: keep it alive as long as it should serve"]
 pub struct ViewerThread {
     addr: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,

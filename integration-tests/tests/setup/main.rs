@@ -473,3 +473,51 @@ fn a_warning_found_before_the_subscriber_is_logged_once_there_is_one() {
         all_warnings(&logs)
     );
 }
+
+/// A layer built inside a runtime without spanprof's hooks (what `#[tokio::main]`
+/// gives) is reported as the service starts, not at its first request.
+#[test]
+fn a_runtime_without_spanprof_hooks_is_reported_at_start_up() {
+    let (logs, _) = subscriber(LevelFilter::INFO, true);
+    let rt = runtime(false);
+    let _app = rt.block_on(async {
+        app().layer(ProfileCorrelationLayer::new()).layer(
+            TraceLayer::new_for_http()
+                .make_span_with(DefaultMakeSpan::new().level(tracing::Level::INFO)),
+        )
+    });
+    let found = warnings(&logs, "install_runtime_hooks");
+    assert_eq!(found.len(), 1, "{:?}", all_warnings(&logs));
+}
+
+/// The profiler starts before the subscriber is installed (as in most services): its
+/// one start-up line (rates, mechanism) is logged once there is one, while the
+/// service idles.
+#[test]
+fn the_profiler_says_how_it_samples_once_a_subscriber_listens() {
+    let profiler = spanprof::Profiler::builder()
+        .baseline_hz(99)
+        .high_hz(1000)
+        .start()
+        .unwrap();
+    let (logs, _) = subscriber(LevelFilter::INFO, true);
+    let started = || -> Vec<String> {
+        logs.lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.starts_with("INFO") && l.contains("spanprof: profiler started"))
+            .cloned()
+            .collect()
+    };
+    wait_until(|| !started().is_empty());
+    let found = started();
+    assert_eq!(found.len(), 1, "{found:?}");
+    let mechanism = profiler.capabilities().mechanism.as_str();
+    assert!(
+        found[0].contains("99 Hz") && found[0].contains(mechanism),
+        "{}",
+        found[0]
+    );
+    #[cfg(not(tokio_unstable))]
+    assert_eq!(warnings(&logs, "tokio_unstable").len(), 1);
+}

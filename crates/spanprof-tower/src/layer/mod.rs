@@ -277,6 +277,8 @@ impl ProfileCorrelationLayerBuilder {
             ));
         }
         registry::set_scope(scope);
+        // The layer is built as the service starts: check what can be checked now.
+        spanprof_core::setup::check_at_start();
         // quanta calibrates its clock on first use (milliseconds): here, not in the
         // first request.
         PollTimer::calibrate();

@@ -40,4 +40,11 @@ fn the_example_starts_idles_serves_and_stops_with_no_warning() {
         "exit {status:?}\n{out}\n{err}"
     );
     assert_eq!(warnings(&err), Vec::<&str>::new(), "\n{out}\n{err}");
+    // A correct set-up says how it runs: the profiler's rates and mechanism, once.
+    let started: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains(" INFO ") && l.contains("spanprof: profiler started"))
+        .collect();
+    assert_eq!(started.len(), 1, "\n{err}");
+    assert!(started[0].contains("99 Hz baseline"), "{}", started[0]);
 }
