@@ -72,7 +72,8 @@ pub(crate) const REPORT_ONE_ROUTE_WITHOUT_SPAN_AFTER: u64 = 100;
 /// [`REPORT_ONE_ROUTE_WITHOUT_SPAN_AFTER`] requests of one route.
 #[derive(Debug, Default)]
 pub(crate) struct SpanEvidence {
-    /// A request of this layer has had a span current: nothing left to check.
+    /// A request of this layer has had a span current, or the evidence was clear
+    /// (and reported if anyone listened): nothing left to check.
     span_seen: AtomicBool,
     without_span: Mutex<WithoutSpan>,
 }
@@ -126,10 +127,10 @@ impl SpanEvidence {
             let clear = w.routes.len() >= 2
                 || traced_caller
                 || w.requests >= REPORT_ONE_ROUTE_WITHOUT_SPAN_AFTER;
-            if !clear || self.span_seen.load(Ordering::Relaxed) {
+            if !clear || self.span_seen.swap(true, Ordering::Relaxed) {
                 return;
             }
-            w.routes.clone()
+            std::mem::take(&mut w.routes)
         };
         let max = LevelFilter::current();
         if max != LevelFilter::OFF && first_time(&WARNED_NO_SPAN) {
