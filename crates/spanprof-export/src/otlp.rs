@@ -56,7 +56,8 @@ pub struct OtlpProfilesConfig {
     /// Headers (gRPC: metadata) sent with every export, such as `authorization` or
     /// an API key (`OTEL_EXPORTER_OTLP_HEADERS`).
     pub headers: Vec<(String, String)>,
-    /// `service.name` resource attribute.
+    /// `service.name` resource attribute. Defaults as
+    /// [`crate::PyroscopeConfig::service_name`] does: the traces' `service.name`.
     pub service_name: String,
     /// How often a profile is exported. Defaults to [`DEFAULT_INTERVAL`].
     pub interval: Duration,
@@ -207,7 +208,7 @@ impl OtlpProfilesConfig {
             endpoint: endpoint.into(),
             protocol,
             headers: Vec::new(),
-            service_name: crate::default_service_name(),
+            service_name: crate::default_service_name(|k| std::env::var(k).ok()),
             interval: DEFAULT_INTERVAL,
             delivery: DeliveryConfig::default(),
             ca_certificates_pem: None,
@@ -228,7 +229,8 @@ impl OtlpProfilesConfig {
     /// - `…_TIMEOUT`: milliseconds per export (default 10 000).
     /// - `…_CERTIFICATE`: a PEM file of CA certificates to trust for `https://`.
     ///
-    /// And `OTEL_SERVICE_NAME`.
+    /// And `OTEL_SERVICE_NAME` or `OTEL_RESOURCE_ATTRIBUTES` for `service_name`, when
+    /// no tracer provider names the service.
     pub fn from_env() -> Result<Option<Self>, ExportError> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
@@ -257,9 +259,7 @@ impl OtlpProfilesConfig {
         };
         crate::http::validate_url(endpoint_var, &endpoint)?;
         let mut cfg = OtlpProfilesConfig::new(endpoint, protocol);
-        if let Some(name) = var("OTEL_SERVICE_NAME").filter(|s| !s.is_empty()) {
-            cfg.service_name = name;
-        }
+        cfg.service_name = crate::default_service_name(&var);
         for name in [
             "OTEL_EXPORTER_OTLP_HEADERS",
             "OTEL_EXPORTER_OTLP_PROFILES_HEADERS",
@@ -726,9 +726,10 @@ impl OtlpProfilesExporter {
             "spanprof: sending profiles: {cfg}, every {:?}",
             cfg.interval
         );
-        let service = cfg.service_name.clone();
+        let service =
+            crate::SinkServiceName::new("otlp-profiles", "service.name", &cfg.service_name);
         let exporter = Exporter::start("otlp-interval", cfg.interval, source, delivery, move |p| {
-            (!p.samples.is_empty()).then(|| export_request(p, &service).encode_to_vec())
+            (!p.samples.is_empty()).then(|| export_request(p, &service.current()).encode_to_vec())
         });
         Ok(OtlpProfilesExporter { exporter })
     }

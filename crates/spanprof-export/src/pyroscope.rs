@@ -101,8 +101,10 @@ impl std::fmt::Debug for PyroscopeAuth {
 pub struct PyroscopeConfig {
     /// Server address, for example `http://pyroscope:4040` or `https://…`.
     pub server: String,
-    /// `service_name` series label. Defaults to `OTEL_SERVICE_NAME`, else the
-    /// executable's name.
+    /// `service_name` series label. Defaults to the traces' `service.name`: the
+    /// tracer provider's `Resource`'s (with `SpanProfileProcessor`; followed if the
+    /// provider is built after the sink starts), else `OTEL_SERVICE_NAME`, else
+    /// `service.name` in `OTEL_RESOURCE_ATTRIBUTES`, else the executable's name.
     pub service_name: String,
     /// Extra series labels.
     pub tags: Vec<(String, String)>,
@@ -155,7 +157,7 @@ impl PyroscopeConfig {
     pub fn new(server: impl Into<String>) -> Self {
         PyroscopeConfig {
             server: server.into(),
-            service_name: crate::default_service_name(),
+            service_name: crate::default_service_name(|k| std::env::var(k).ok()),
             tags: Vec::new(),
             auth: PyroscopeAuth::None,
             tenant_id: None,
@@ -167,7 +169,8 @@ impl PyroscopeConfig {
 
     /// From `PYROSCOPE_SERVER_ADDRESS` (none set: `Ok(None)`),
     /// `PYROSCOPE_BASIC_AUTH_USER` / `PYROSCOPE_BASIC_AUTH_PASSWORD`,
-    /// `PYROSCOPE_TENANT_ID`, `OTEL_SERVICE_NAME` and `PYROSCOPE_CA_CERT_FILE` (a PEM
+    /// `PYROSCOPE_TENANT_ID`, `OTEL_SERVICE_NAME` or `OTEL_RESOURCE_ATTRIBUTES` (when no
+    /// tracer provider names the service) and `PYROSCOPE_CA_CERT_FILE` (a PEM
     /// file of CA certificates to trust besides the public roots; spanprof's own
     /// variable, the Pyroscope SDKs have none).
     pub fn from_env() -> Result<Option<Self>, ExportError> {
@@ -180,9 +183,7 @@ impl PyroscopeConfig {
             return Ok(None);
         };
         let mut cfg = PyroscopeConfig::new(server);
-        if let Some(name) = var("OTEL_SERVICE_NAME").filter(|s| !s.is_empty()) {
-            cfg.service_name = name;
-        }
+        cfg.service_name = crate::default_service_name(&var);
         match (
             var("PYROSCOPE_BASIC_AUTH_USER"),
             var("PYROSCOPE_BASIC_AUTH_PASSWORD"),
@@ -391,14 +392,22 @@ impl PyroscopeExporter {
             "spanprof: sending profiles: {cfg}, every {:?}",
             cfg.interval
         );
+        let service = crate::SinkServiceName::new("pyroscope", "service_name", &cfg.service_name);
+        let mut cfg = cfg;
         let exporter = Exporter::start(
             "pyroscope-interval",
             cfg.interval,
             source,
             delivery,
             move |profile| {
-                (!profile.samples.is_empty())
-                    .then(|| push_request(&cfg, push_pprof(profile), new_profile_id()))
+                if profile.samples.is_empty() {
+                    return None;
+                }
+                let name = service.current();
+                if cfg.service_name != name {
+                    cfg.service_name = name.into_owned();
+                }
+                Some(push_request(&cfg, push_pprof(profile), new_profile_id()))
             },
         );
         Ok(PyroscopeExporter { exporter })

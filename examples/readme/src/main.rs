@@ -3,6 +3,7 @@
 
 use axum::{Router, routing::get};
 use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{BatchSpanProcessor, SdkTracerProvider};
 use spanprof::viewer::{DEFAULT_MAX_TRACES, RecentSpans, Viewer, ViewerThread};
 use spanprof::{ProfileCorrelationLayer, Profiler, SpanProfileLayer, SpanProfileProcessor};
@@ -31,6 +32,8 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     let spans = RecentSpans::new(DEFAULT_MAX_TRACES);
     let provider = SdkTracerProvider::builder()
+        // service.name for traces and profiles alike (OTEL_SERVICE_NAME overrides it).
+        .with_resource(Resource::builder().with_service_name("shop").build())
         .with_span_processor(SpanProfileProcessor::new(spans.processor(Some(Box::new(
             BatchSpanProcessor::builder(exporter).build(),
         )))))

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use axum::{Router, routing::get};
 use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SimpleSpanProcessor};
 use spanprof::tower::MakeRoute;
 use spanprof::{ProfileCorrelationLayer, RoutePolicy, SpanProfileLayer, SpanProfileProcessor};
@@ -46,6 +47,7 @@ fn subscriber_with(level: LevelFilter, otel: Option<Otel>) -> (Logs, InMemorySpa
     let logs: Logs = Arc::default();
     let exporter = InMemorySpanExporter::default();
     let provider = SdkTracerProvider::builder()
+        .with_resource(Resource::builder().with_service_name("setup").build())
         .with_span_processor(SpanProfileProcessor::new(SimpleSpanProcessor::new(
             exporter.clone(),
         )))
