@@ -48,3 +48,47 @@ fn the_example_starts_idles_serves_and_stops_with_no_warning() {
     assert_eq!(started.len(), 1, "\n{err}");
     assert!(started[0].contains("99 Hz baseline"), "{}", started[0]);
 }
+
+/// Calls of a method inventory does not serve are the client's error, not the
+/// server's: answered `Unimplemented`, and not one ERROR line each.
+#[test]
+fn unknown_grpc_methods_do_not_flood_the_log() {
+    let mut ex = Example::spawn(&["--listen", "127.0.0.1:0", "--load", "0"], &[]);
+    let (_, inventory, _) = ex.addresses();
+    ex.viewer_url(Duration::from_secs(60));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{inventory}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut grpc = tonic::client::Grpc::new(channel);
+        for i in 0..200 {
+            grpc.ready().await.unwrap();
+            let path = format!("/inventory.Inventory/Refund{}", i % 7);
+            let reply: Result<tonic::Response<checkout::proto::ReserveReply>, tonic::Status> = grpc
+                .unary(
+                    tonic::Request::new(checkout::proto::ReserveRequest::default()),
+                    http::uri::PathAndQuery::try_from(path).unwrap(),
+                    tonic_prost::ProstCodec::default(),
+                )
+                .await;
+            assert_eq!(reply.unwrap_err().code(), tonic::Code::Unimplemented);
+        }
+    });
+    ex.signal("TERM");
+    let status = ex.wait(Duration::from_secs(30));
+    let (out, err) = (ex.stdout(), ex.stderr());
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "exit {status:?}\n{out}\n{err}"
+    );
+    let lines = warnings(&err);
+    assert!(
+        lines.is_empty(),
+        "{} warning and error lines, the first: {:?}",
+        lines.len(),
+        lines.first()
+    );
+}
