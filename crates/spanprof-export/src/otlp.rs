@@ -147,9 +147,9 @@ pub fn parse_otlp_headers(name: &str, value: &str) -> Result<Vec<(String, String
                 format!("entry {} is not `key=value`", i + 1),
             ));
         };
-        let key = percent_decode(k.trim())
+        let key = crate::percent_decode(k.trim())
             .ok_or_else(|| ExportError::config(name, format!("entry {} has a bad key", i + 1)))?;
-        let value = percent_decode(v.trim()).ok_or_else(|| {
+        let value = crate::percent_decode(v.trim()).ok_or_else(|| {
             ExportError::config(
                 name,
                 format!("the value of `{key}` is not valid percent-encoded UTF-8"),
@@ -181,24 +181,6 @@ fn check_header(field: &str, key: &str, value: &str) -> Result<(), ExportError> 
         ));
     }
     Ok(())
-}
-
-/// `%XX` escapes decoded; `None` when one is malformed or the result not UTF-8.
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 impl OtlpProfilesConfig {
@@ -506,22 +488,15 @@ impl Dictionary {
 }
 
 struct HttpTransport {
-    client: reqwest::Client,
+    client: crate::http::HttpClient,
     url: String,
+    /// The configured headers and the content type.
     headers: http::HeaderMap,
 }
 
 impl Transport for HttpTransport {
     fn send<'a>(&'a self, payload: &'a [u8]) -> SendFuture<'a> {
-        Box::pin(async move {
-            let req = self
-                .client
-                .post(&self.url)
-                .headers(self.headers.clone())
-                .header(http::header::CONTENT_TYPE, "application/x-protobuf")
-                .body(payload.to_vec());
-            crate::http::classify(req.send().await).await
-        })
+        Box::pin(self.client.post(&self.url, &self.headers, payload))
     }
 }
 
@@ -683,19 +658,42 @@ impl OtlpProfilesExporter {
                 "otlp-profiles",
                 cfg.delivery.clone(),
                 HttpTransport {
-                    client: crate::http::http_client(
+                    client: crate::http::HttpClient::new(
+                        "endpoint",
+                        &cfg.endpoint,
                         "ca_certificates_pem",
                         cfg.ca_certificates_pem.as_deref(),
                     )?,
                     url: cfg.endpoint.clone(),
-                    headers: http_headers(&cfg.headers),
+                    headers: {
+                        let mut h = http_headers(&cfg.headers);
+                        h.insert(
+                            http::header::CONTENT_TYPE,
+                            http::HeaderValue::from_static("application/x-protobuf"),
+                        );
+                        h
+                    },
                 },
             ),
             OtlpProtocol::Grpc => {
-                let mut endpoint = tonic::transport::Endpoint::from_shared(cfg.endpoint.clone())
+                let endpoint = tonic::transport::Endpoint::from_shared(cfg.endpoint.clone())
                     .map_err(|e| ExportError::config("endpoint", e.to_string()))?
                     .timeout(cfg.delivery.request_timeout)
                     .connect_timeout(Duration::from_secs(5));
+                #[cfg(not(feature = "tls"))]
+                if cfg.endpoint.starts_with("https://") || cfg.ca_certificates_pem.is_some() {
+                    return Err(ExportError::config(
+                        if cfg.ca_certificates_pem.is_some() {
+                            "ca_certificates_pem"
+                        } else {
+                            "endpoint"
+                        },
+                        "https:// and CA certificates need TLS: enable the `tls` feature of spanprof (or spanprof-export)",
+                    ));
+                }
+                #[cfg(feature = "tls")]
+                let mut endpoint = endpoint;
+                #[cfg(feature = "tls")]
                 if cfg.endpoint.starts_with("https://") {
                     let mut tls = tonic::transport::ClientTlsConfig::new().with_webpki_roots();
                     if let Some(pem) = &cfg.ca_certificates_pem {

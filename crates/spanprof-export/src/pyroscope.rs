@@ -338,31 +338,48 @@ pub fn push_request(cfg: &PyroscopeConfig, pprof_gz: Vec<u8>, id: String) -> Vec
 }
 
 struct PushTransport {
-    client: reqwest::Client,
+    client: crate::http::HttpClient,
     url: String,
-    auth: PyroscopeAuth,
-    tenant_id: Option<String>,
+    /// Content type, credentials and tenant.
+    headers: http::HeaderMap,
+}
+
+impl PushTransport {
+    fn headers(cfg: &PyroscopeConfig) -> Result<http::HeaderMap, ExportError> {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/proto"),
+        );
+        let auth = match &cfg.auth {
+            PyroscopeAuth::None => None,
+            PyroscopeAuth::Basic { user, password } => {
+                Some(crate::http::basic_auth(user, password))
+            }
+            PyroscopeAuth::Bearer(token) => {
+                let mut v =
+                    http::HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+                        ExportError::config("auth", "the token is not a valid header value")
+                    })?;
+                v.set_sensitive(true);
+                Some(v)
+            }
+        };
+        if let Some(auth) = auth {
+            headers.insert(http::header::AUTHORIZATION, auth);
+        }
+        if let Some(t) = &cfg.tenant_id {
+            let v = http::HeaderValue::from_str(t)
+                .map_err(|_| ExportError::config("tenant_id", "not a valid header value"))?;
+            headers.insert("x-scope-orgid", v);
+        }
+        Ok(headers)
+    }
 }
 
 impl Transport for PushTransport {
     fn send<'a>(&'a self, payload: &'a [u8]) -> SendFuture<'a> {
-        Box::pin(async move {
-            let mut req = self
-                .client
-                .post(&self.url)
-                .header(http::header::CONTENT_TYPE, "application/proto")
-                .header(http::header::USER_AGENT, crate::USER_AGENT)
-                .body(payload.to_vec());
-            req = match &self.auth {
-                PyroscopeAuth::None => req,
-                PyroscopeAuth::Basic { user, password } => req.basic_auth(user, Some(password)),
-                PyroscopeAuth::Bearer(token) => req.bearer_auth(token),
-            };
-            if let Some(t) = &self.tenant_id {
-                req = req.header("X-Scope-OrgID", t);
-            }
-            crate::http::classify(req.send().await).await
-        })
+        Box::pin(self.client.post(&self.url, &self.headers, payload))
     }
 }
 
@@ -379,13 +396,14 @@ impl PyroscopeExporter {
     pub fn start(cfg: PyroscopeConfig, source: ProfileSource) -> Result<Self, ExportError> {
         cfg.validate()?;
         let transport = PushTransport {
-            client: crate::http::http_client(
+            client: crate::http::HttpClient::new(
+                "server",
+                &cfg.server,
                 "ca_certificates_pem",
                 cfg.ca_certificates_pem.as_deref(),
             )?,
             url: crate::http::join_path(&cfg.server, PUSH_PATH),
-            auth: cfg.auth.clone(),
-            tenant_id: cfg.tenant_id.clone(),
+            headers: PushTransport::headers(&cfg)?,
         };
         let delivery = Delivery::start("pyroscope", cfg.delivery.clone(), transport);
         tracing::info!(
