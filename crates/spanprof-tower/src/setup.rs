@@ -72,8 +72,8 @@ pub(crate) const REPORT_ONE_ROUTE_WITHOUT_SPAN_AFTER: u64 = 100;
 /// [`REPORT_ONE_ROUTE_WITHOUT_SPAN_AFTER`] requests of one route.
 #[derive(Debug, Default)]
 pub(crate) struct SpanEvidence {
-    /// A request of this layer has had a span current, or the evidence was clear
-    /// (and reported if anyone listened): nothing left to check.
+    /// A request of this layer has had a span current, or the evidence was clear and
+    /// reported: nothing left to check.
     span_seen: AtomicBool,
     without_span: Mutex<WithoutSpan>,
 }
@@ -118,22 +118,24 @@ impl SpanEvidence {
 
     #[cold]
     fn without_span(&self, span_name: NameId, traced_caller: bool) {
+        let max = LevelFilter::current();
         let routes = {
             let mut w = self.without_span.lock().unwrap_or_else(|e| e.into_inner());
             if w.routes.len() < 2 && !w.routes.contains(&span_name) {
                 w.routes.push(span_name);
             }
-            w.requests += 1;
+            w.requests = w.requests.saturating_add(1);
             let clear = w.routes.len() >= 2
                 || traced_caller
                 || w.requests >= REPORT_ONE_ROUTE_WITHOUT_SPAN_AFTER;
-            if !clear || self.span_seen.swap(true, Ordering::Relaxed) {
+            // Nobody listening yet (the subscriber may come later): keep the
+            // evidence, and report it at a request once someone listens.
+            if !clear || max == LevelFilter::OFF || self.span_seen.swap(true, Ordering::Relaxed) {
                 return;
             }
             std::mem::take(&mut w.routes)
         };
-        let max = LevelFilter::current();
-        if max != LevelFilter::OFF && first_time(&WARNED_NO_SPAN) {
+        if first_time(&WARNED_NO_SPAN) {
             let routes: Vec<String> = routes.iter().map(|r| r.resolve().to_string()).collect();
             tracing::warn!("{}", no_span_message(max, &routes));
         }
