@@ -32,7 +32,7 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     let spans = RecentSpans::new(DEFAULT_MAX_TRACES);
     let provider = SdkTracerProvider::builder()
-        // service.name for traces and profiles alike (OTEL_SERVICE_NAME overrides it).
+        // The service.name of traces and profiles alike.
         .with_resource(Resource::builder().with_service_name("shop").build())
         .with_span_processor(SpanProfileProcessor::new(spans.processor(Some(Box::new(
             BatchSpanProcessor::builder(exporter).build(),
