@@ -86,11 +86,16 @@ struct WithoutSpan {
 }
 
 impl SpanEvidence {
-    /// One request of route `span_name`, whose trace identity came from `source`;
-    /// `traced_caller`: it carried a `traceparent`. One relaxed load once a request
-    /// has had a span, or once the warning is logged.
+    /// One request of route `span_name` with `headers`, whose trace identity came
+    /// from `source`. One relaxed load once a request has had a span, or once the
+    /// warning is logged.
     #[inline]
-    pub(crate) fn observe(&self, source: TraceSource, span_name: NameId, traced_caller: bool) {
+    pub(crate) fn observe(
+        &self,
+        source: TraceSource,
+        span_name: NameId,
+        headers: &http::HeaderMap,
+    ) {
         match source {
             TraceSource::OtelSpan => self.note_span(),
             TraceSource::SpanWithoutOtel => {
@@ -103,7 +108,7 @@ impl SpanEvidence {
                 if !self.span_seen.load(Ordering::Relaxed)
                     && !WARNED_NO_SPAN.load(Ordering::Relaxed)
                 {
-                    self.without_span(span_name, traced_caller);
+                    self.without_span(span_name, headers.contains_key("traceparent"));
                 }
             }
         }

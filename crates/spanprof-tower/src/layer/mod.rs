@@ -369,11 +369,9 @@ impl Correlator {
             });
         let policy = entry.policy.as_ref()?;
         let trace = trace_context::current(request.headers());
-        state.spans.observe(
-            trace.source,
-            entry.span_name,
-            request.headers().contains_key("traceparent"),
-        );
+        state
+            .spans
+            .observe(trace.source, entry.span_name, request.headers());
         let decision_id = if trace.trace_id != 0 {
             trace.trace_id
         } else {
