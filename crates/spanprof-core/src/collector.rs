@@ -27,6 +27,10 @@ use crate::window::WindowInner;
 /// Most samples waiting for symbolization; past it samples are dropped and counted.
 pub(crate) const MAX_BACKLOG: usize = 1 << 16;
 
+/// How often an idle collector looks for a `tracing` subscriber while a start-up
+/// message waits for one.
+const PENDING_LOG_POLL: Duration = Duration::from_millis(200);
+
 /// Shares of [`crate::ProfilerBuilder::cache_bytes`], in eighths: symbolized stacks
 /// by raw addresses, the symbolizer's frames and names; window labels get the rest.
 const STACK_CACHE_EIGHTHS: usize = 4;
@@ -242,7 +246,22 @@ fn process(
         let batch: Vec<Drained> = {
             let mut q = shared.lock();
             while q.samples.is_empty() && !q.stop {
-                q = shared.cv.wait(q).unwrap_or_else(|e| e.into_inner());
+                if crate::setup::pending() {
+                    // A start-up message waits for a subscriber: look again soon,
+                    // however idle the service.
+                    q = shared
+                        .cv
+                        .wait_timeout(q, PENDING_LOG_POLL)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                    if q.samples.is_empty() && !q.stop {
+                        drop(q);
+                        crate::setup::emit_pending();
+                        q = shared.lock();
+                    }
+                } else {
+                    q = shared.cv.wait(q).unwrap_or_else(|e| e.into_inner());
+                }
             }
             if q.samples.is_empty() && q.stop {
                 return;

@@ -18,6 +18,7 @@ mod profile;
 mod record;
 mod registration;
 mod sampler;
+mod service;
 pub mod setup;
 mod store;
 mod symbolize;
@@ -47,6 +48,7 @@ pub use sampler::{
     Capabilities, DEFAULT_BASELINE_HZ, DEFAULT_CACHE_BYTES, DEFAULT_DRAIN_INTERVAL,
     DEFAULT_HIGH_HZ, MAX_HIGH_HZ, MemoryStats, Profiler, ProfilerBuilder, TIMER_MAX_HZ,
 };
+pub use service::{env_service_name, resource_service_name, set_resource_service_name};
 pub use store::{
     DEFAULT_BUCKET_WIDTH, DEFAULT_BUCKETS, DEFAULT_MAX_BYTES, DEFAULT_MAX_SPANS,
     DEFAULT_MAX_STACKS, SpanProfileStore, SpanSummary, StoreConfig, StoreStats,

@@ -3,6 +3,7 @@
 //! installed is logged as soon as one is. The layer's own checks (no request span, no
 //! OpenTelemetry context, routes it cannot see) are in `spanprof-tower`.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 /// Logged when stacks are walked by frame pointers (where there is no DWARF
@@ -37,6 +38,10 @@ static PENDING: AtomicU8 = AtomicU8::new(0);
 static LOGGED: AtomicU8 = AtomicU8::new(0);
 /// Set by [`crate::install_runtime_hooks`].
 static RUNTIME_HOOKS_INSTALLED: AtomicBool = AtomicBool::new(false);
+/// The profiler's start-up line, waiting for a subscriber like the warnings (the
+/// profiler usually starts before the service installs one).
+static STARTED_LINE: Mutex<Option<String>> = Mutex::new(None);
+static STARTED_PENDING: AtomicBool = AtomicBool::new(false);
 
 fn report(which: u8) {
     if LOGGED.load(Ordering::Relaxed) & which == 0 {
@@ -45,17 +50,56 @@ fn report(which: u8) {
     }
 }
 
-/// Logs the pending warnings if a `tracing` subscriber is listening now. Called at
-/// each check and by the collector thread as it wakes (one atomic load when nothing
-/// is pending).
+/// At profiler start: its one info line (rates, mechanism, unwinding), logged as
+/// soon as a subscriber listens.
+pub(crate) fn profiler_started(line: String) {
+    *STARTED_LINE.lock().unwrap_or_else(|e| e.into_inner()) = Some(line);
+    STARTED_PENDING.store(true, Ordering::Release);
+    emit_pending();
+}
+
+/// Whether a message waits for a subscriber (the collector thread then wakes now
+/// and then to log it, even when no sample comes).
+pub(crate) fn pending() -> bool {
+    PENDING.load(Ordering::Relaxed) != 0 || STARTED_PENDING.load(Ordering::Relaxed)
+}
+
+/// The set-up checks of a service's start, run where spanprof's layer is built
+/// (`ProfileCorrelationLayer`): a tokio runtime around the caller that was built
+/// without [`crate::install_runtime_hooks`] (what `#[tokio::main]` gives) is
+/// reported now rather than at the first request, and the messages waiting for a
+/// subscriber are logged if one listens.
+pub fn check_at_start() {
+    if tokio::runtime::Handle::try_current().is_ok()
+        && !RUNTIME_HOOKS_INSTALLED.load(Ordering::Relaxed)
+    {
+        report(RUNTIME_HOOKS);
+        if !cfg!(tokio_unstable) {
+            report(TOKIO_UNSTABLE);
+        }
+    }
+    emit_pending();
+}
+
+/// Logs the pending messages if a `tracing` subscriber is listening now. Called at
+/// each check and by the collector thread as it wakes (one or two atomic loads when
+/// nothing is pending).
 pub(crate) fn emit_pending() {
-    if PENDING.load(Ordering::Relaxed) == 0 {
+    if !pending() {
         return;
     }
     let listening =
         tracing::dispatcher::get_default(|d| !d.is::<tracing::subscriber::NoSubscriber>());
     if !listening {
         return;
+    }
+    if STARTED_PENDING.swap(false, Ordering::AcqRel)
+        && let Some(line) = STARTED_LINE
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    {
+        tracing::info!("{line}");
     }
     let pending = PENDING.swap(0, Ordering::Relaxed);
     let fresh = pending & !LOGGED.fetch_or(pending, Ordering::Relaxed);

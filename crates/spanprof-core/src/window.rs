@@ -36,6 +36,7 @@ pub(crate) struct WindowInner {
 /// new interval. Bounded: past `max_entries` distinct (labels, stack) pairs in one
 /// interval, further new pairs are dropped and counted. Closing (dropping) the window
 /// stops the collection.
+#[must_use = "a window collects only while it lives: keep it, and take() its profile"]
 pub struct ProfileWindow {
     inner: Arc<WindowInner>,
 }

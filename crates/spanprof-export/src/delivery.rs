@@ -6,6 +6,11 @@
 //! room, none on other 4xx (logged once per status with the server's message); a
 //! flush bounded by one deadline at shutdown, which also cuts a send in flight; a
 //! panic in a send is caught, logged once and counted; counters of everything.
+//!
+//! What it logs: an outage once as it begins (the error) and once as it ends (how
+//! long, what was dropped), at warn, at most one outage a minute (a reminder every
+//! five minutes while one lasts); a refusal once per status; and one line when the
+//! sink stops (warn when it dropped profiles or sent nothing).
 
 use std::collections::{HashSet, VecDeque};
 use std::future::Future;
@@ -33,6 +38,12 @@ pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(30);
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// The shutdown deadline spanprof's documentation and examples use.
 pub const DEFAULT_SHUTDOWN_DEADLINE: Duration = Duration::from_secs(5);
+
+/// At most one outage is logged (as it begins and ends) in this time; a sink that
+/// fails and recovers more often is logged at debug in between.
+const OUTAGE_LOG_INTERVAL: Duration = Duration::from_secs(60);
+/// While an outage lasts, it is logged again this often, with what it has dropped.
+const OUTAGE_REMINDER: Duration = Duration::from_secs(300);
 
 /// How a sink delivers. Every field's default is the `DEFAULT_*` constant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -239,6 +250,7 @@ pub(crate) struct Shared {
     counters: Counters,
     cfg: DeliveryConfig,
     panic_logged: AtomicBool,
+    started: Instant,
 }
 
 impl Shared {
@@ -332,7 +344,10 @@ impl Shared {
     }
 }
 
-/// A sink's delivery: a bounded queue and its sender thread.
+/// A sink's delivery: a bounded queue and its sender thread. Dropping it stops it at
+/// once (what is queued is dropped, counted and logged); [`Delivery::shutdown`]
+/// flushes first.
+#[must_use = "a Delivery stops when dropped: keep it as long as payloads are to be sent"]
 pub struct Delivery {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
@@ -375,6 +390,7 @@ impl Delivery {
             counters: Counters::default(),
             cfg,
             panic_logged: AtomicBool::new(false),
+            started: Instant::now(),
         });
         let thread = {
             let shared = shared.clone();
@@ -436,21 +452,78 @@ impl Delivery {
     /// Waits for the sender thread (it ends by the deadline of
     /// [`Delivery::begin_close`]), logs and returns the counters.
     pub(crate) fn finish_close(&mut self) -> DeliveryStats {
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.finish_close_as(Stopped::Shutdown)
+    }
+
+    /// [`Delivery::finish_close`], saying how the sink was stopped.
+    pub(crate) fn finish_close_as(&mut self, how: Stopped) -> DeliveryStats {
+        let Some(t) = self.thread.take() else {
+            return self.stats();
+        };
+        let _ = t.join();
         let stats = self.stats();
-        tracing::info!(sink = self.shared.name, ?stats, "spanprof: sink stopped");
+        log_stop(&self.shared, &stats, how);
         stats
     }
 }
 
 impl Drop for Delivery {
     fn drop(&mut self) {
-        if let Some(t) = self.thread.take() {
+        if self.thread.is_some() {
             self.begin_close(Instant::now());
-            let _ = t.join();
+            self.finish_close_as(Stopped::Dropped);
         }
+    }
+}
+
+/// How a sink was stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stopped {
+    /// By `shutdown` (the service's end).
+    Shutdown,
+    /// Its handle was dropped.
+    Dropped,
+}
+
+/// The one line of a sink's stop: info when all went, warn when it dropped
+/// profiles or sent none, with what a dropped handle means.
+fn log_stop(shared: &Shared, stats: &DeliveryStats, how: Stopped) {
+    let name = shared.name;
+    let after = shared.started.elapsed().as_secs_f64();
+    let dropped = stats.dropped();
+    let detail = format!(
+        "{} queued, {} sent, {dropped} dropped (queue full {}, rejected {}, retries exhausted {}, at shutdown {}, panics {})",
+        stats.queued,
+        stats.sent,
+        stats.dropped_queue_full,
+        stats.dropped_rejected,
+        stats.dropped_retries_exhausted,
+        stats.dropped_shutdown,
+        stats.dropped_panicked
+    );
+    match (how, stats.sent) {
+        (Stopped::Dropped, 0) => tracing::warn!(
+            sink = name,
+            "spanprof: the {name} sink stopped {after:.1} s after it started, having sent nothing, because its \
+             handle was dropped: a sink runs only while its handle lives. Keep the exporter (or the Sinks \
+             holding it) alive as long as the service runs, and stop it with shutdown() at the end. {detail}"
+        ),
+        (Stopped::Shutdown, 0) if stats.queued == 0 && dropped == 0 => tracing::info!(
+            sink = name,
+            "spanprof: the {name} sink stopped after {after:.1} s, having sent nothing: no profile had samples"
+        ),
+        (_, 0) => tracing::warn!(
+            sink = name,
+            "spanprof: the {name} sink stopped after {after:.1} s having sent nothing: {detail}"
+        ),
+        _ if dropped > 0 => tracing::warn!(
+            sink = name,
+            "spanprof: the {name} sink stopped after {after:.1} s: {detail}"
+        ),
+        _ => tracing::info!(
+            sink = name,
+            "spanprof: the {name} sink stopped after {after:.1} s: {detail}"
+        ),
     }
 }
 
@@ -562,6 +635,8 @@ fn run(shared: Arc<Shared>, transport: impl Transport, clock: Clock) {
         transport: &transport,
         backoff: Backoff::new(shared.cfg.base_backoff, shared.cfg.max_backoff),
         logged_status: HashSet::new(),
+        outage: None,
+        last_outage_logged: None,
     };
     while let Some(payload) = next_payload(&shared) {
         sender.deliver(&payload);
@@ -604,6 +679,20 @@ struct Sender<'a, T> {
     backoff: Backoff,
     /// Refusal statuses already logged (each is logged once).
     logged_status: HashSet<RejectStatus>,
+    /// The server has failed since its last success.
+    outage: Option<Outage>,
+    /// When an outage was last logged (at most one per [`OUTAGE_LOG_INTERVAL`]).
+    last_outage_logged: Option<Instant>,
+}
+
+/// A run of failed sends.
+struct Outage {
+    since: Instant,
+    /// Profiles dropped before it began.
+    dropped_before: u64,
+    /// Whether its beginning was logged (then its end is too).
+    logged: bool,
+    last_logged: Instant,
 }
 
 impl<T: Transport> Sender<'_, T> {
@@ -618,6 +707,7 @@ impl<T: Transport> Sender<'_, T> {
                 Attempt::Done(Ok(())) => {
                     shared.count(|c| &c.sent, 1);
                     self.backoff.reset();
+                    self.recovered();
                     return;
                 }
                 Attempt::Done(Err(SendError::Rejected { status, message })) => {
@@ -642,6 +732,7 @@ impl<T: Transport> Sender<'_, T> {
                     return;
                 }
                 Attempt::Done(Err(SendError::Retryable(why))) => {
+                    self.failed(&why);
                     if shared.cfg.max_attempts.is_some_and(|max| attempts >= max) {
                         shared.count(|c| &c.dropped_retries_exhausted, 1);
                         tracing::warn!(sink = shared.name, error = %why, attempts, "spanprof: dropping a profile after retries");
@@ -652,6 +743,75 @@ impl<T: Transport> Sender<'_, T> {
                     }
                 }
             }
+        }
+    }
+
+    /// A send failed in a way worth retrying: an outage begins (logged once, unless
+    /// one was logged in the last minute) or goes on (a reminder every five minutes).
+    fn failed(&mut self, why: &str) {
+        let shared = self.shared;
+        let name = shared.name;
+        let now = Instant::now();
+        match &mut self.outage {
+            None => {
+                let logged = self
+                    .last_outage_logged
+                    .is_none_or(|t| now.duration_since(t) >= OUTAGE_LOG_INTERVAL);
+                if logged {
+                    self.last_outage_logged = Some(now);
+                    tracing::warn!(
+                        sink = name,
+                        error = %why,
+                        "spanprof: the {name} sink is failing ({why}); retrying with backoff (up to {:?}) while \
+                         its queue holds {} profiles, dropping the oldest past that (counted); logged again when it \
+                         recovers",
+                        shared.cfg.max_backoff,
+                        shared.cfg.queue_capacity
+                    );
+                } else {
+                    tracing::debug!(sink = name, error = %why, "spanprof: the {name} sink is failing again");
+                }
+                self.outage = Some(Outage {
+                    since: now,
+                    dropped_before: shared.stats().dropped(),
+                    logged,
+                    last_logged: now,
+                });
+            }
+            Some(o) if o.logged && now.duration_since(o.last_logged) >= OUTAGE_REMINDER => {
+                o.last_logged = now;
+                tracing::warn!(
+                    sink = name,
+                    error = %why,
+                    "spanprof: the {name} sink is still failing after {:.0} s ({why}): {} profiles dropped so far",
+                    now.duration_since(o.since).as_secs_f64(),
+                    shared.stats().dropped() - o.dropped_before
+                );
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// A send went through: an outage, if there was one, ends.
+    fn recovered(&mut self) {
+        let Some(o) = self.outage.take() else {
+            return;
+        };
+        let name = self.shared.name;
+        let lasted = o.since.elapsed().as_secs_f64();
+        let dropped = self.shared.stats().dropped() - o.dropped_before;
+        if o.logged {
+            tracing::warn!(
+                sink = name,
+                dropped,
+                "spanprof: the {name} sink recovered after {lasted:.1} s; {dropped} profiles dropped meanwhile"
+            );
+        } else {
+            tracing::debug!(
+                sink = name,
+                dropped,
+                "spanprof: the {name} sink recovered after {lasted:.1} s"
+            );
         }
     }
 

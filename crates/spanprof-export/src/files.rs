@@ -36,8 +36,10 @@ impl PprofFileConfig {
     }
 }
 
-/// Writes one pprof file per interval.
+/// Writes one pprof file per interval, until it is shut down or dropped (either
+/// writes the last interval's file).
 #[derive(Debug)]
+#[must_use = "the exporter stops when dropped: keep it alive as long as the service runs"]
 pub struct PprofFileExporter {
     stop: Arc<(Mutex<bool>, Condvar)>,
     thread: Option<JoinHandle<()>>,
@@ -54,6 +56,12 @@ impl PprofFileExporter {
             return Err(ExportError::config("max_files", "must be at least 1"));
         }
         std::fs::create_dir_all(&cfg.dir)?;
+        tracing::info!(
+            "spanprof: writing profiles: pprof files in {} every {:?}, the last {} kept",
+            cfg.dir.display(),
+            cfg.interval,
+            cfg.max_files
+        );
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let written: Arc<Mutex<Vec<PathBuf>>> = Arc::default();
         let thread = {

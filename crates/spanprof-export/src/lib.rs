@@ -37,12 +37,16 @@ pub(crate) use sinks::Exporter;
 pub use sinks::Sinks;
 pub use source::ProfileSource;
 
-/// The service name: `OTEL_SERVICE_NAME`, else the executable's file name.
+/// The service name a sink's configuration starts with: the tracer provider's
+/// `Resource`'s `service.name` (recorded by `SpanProfileProcessor`), else the
+/// environment's (`OTEL_SERVICE_NAME`, else `service.name` in
+/// `OTEL_RESOURCE_ATTRIBUTES`, read through `var`), else the executable's file name.
 #[cfg(any(feature = "pyroscope", feature = "otlp"))]
-pub(crate) fn default_service_name() -> String {
-    std::env::var("OTEL_SERVICE_NAME")
-        .ok()
-        .filter(|s| !s.is_empty())
+pub(crate) fn default_service_name(var: impl Fn(&str) -> Option<String>) -> String {
+    if let Some(name) = spanprof_core::resource_service_name() {
+        return name.to_string();
+    }
+    spanprof_core::env_service_name(var)
         .or_else(|| {
             std::env::current_exe()
                 .ok()?
@@ -51,4 +55,65 @@ pub(crate) fn default_service_name() -> String {
                 .map(str::to_owned)
         })
         .unwrap_or_else(|| "unknown_service".to_owned())
+}
+
+/// The service name a sink files each interval's profile under: its configured
+/// one; when that is the default and no tracer provider had been built yet at the
+/// sink's start, the provider's `Resource`'s once there is one (sinks are often
+/// started before tracing). A configured name other than the `Resource`'s is
+/// reported once: Grafana's traces-to-profiles would find nothing.
+#[cfg(any(feature = "pyroscope", feature = "otlp"))]
+pub(crate) struct SinkServiceName {
+    configured: String,
+    follow_resource: bool,
+}
+
+#[cfg(any(feature = "pyroscope", feature = "otlp"))]
+impl SinkServiceName {
+    pub(crate) fn new(sink: &str, field: &str, configured: &str) -> Self {
+        let follow_resource = match spanprof_core::resource_service_name() {
+            Some(resource) => {
+                if *resource != *configured {
+                    tracing::warn!(
+                        "spanprof: the {sink} sink files profiles as {field}={configured} but the traces carry \
+                         service.name={resource} (the tracer provider's Resource), so Grafana's traces-to-profiles \
+                         finds none of them: leave the sink's service_name at its default (the Resource's) or make \
+                         the two the same"
+                    );
+                }
+                false
+            }
+            None => configured == default_service_name(|k| std::env::var(k).ok()),
+        };
+        SinkServiceName {
+            configured: configured.to_owned(),
+            follow_resource,
+        }
+    }
+
+    pub(crate) fn current(&self) -> std::borrow::Cow<'_, str> {
+        match spanprof_core::resource_service_name().filter(|_| self.follow_resource) {
+            Some(name) => std::borrow::Cow::Owned(name.to_string()),
+            None => std::borrow::Cow::Borrowed(&self.configured),
+        }
+    }
+}
+
+#[cfg(any(feature = "pyroscope", feature = "otlp"))]
+/// `%XX` escapes decoded; `None` when one is malformed or the result not UTF-8.
+pub(crate) fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }

@@ -56,7 +56,8 @@ pub struct OtlpProfilesConfig {
     /// Headers (gRPC: metadata) sent with every export, such as `authorization` or
     /// an API key (`OTEL_EXPORTER_OTLP_HEADERS`).
     pub headers: Vec<(String, String)>,
-    /// `service.name` resource attribute.
+    /// `service.name` resource attribute. Defaults as
+    /// [`crate::PyroscopeConfig::service_name`] does: the traces' `service.name`.
     pub service_name: String,
     /// How often a profile is exported. Defaults to [`DEFAULT_INTERVAL`].
     pub interval: Duration,
@@ -90,14 +91,16 @@ impl std::fmt::Debug for OtlpProfilesConfig {
     }
 }
 
-/// `OTLP profiles (<protocol>) to <endpoint, redacted>`: a start-up line.
+/// `OTLP profiles (<protocol>) to <endpoint, redacted> as service.name=<name>`: a
+/// start-up line.
 impl std::fmt::Display for OtlpProfilesConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "OTLP profiles ({}) to {}",
+            "OTLP profiles ({}) to {} as service.name={}",
             self.protocol,
-            crate::redact_url(&self.endpoint)
+            crate::redact_url(&self.endpoint),
+            self.service_name
         )
     }
 }
@@ -144,9 +147,9 @@ pub fn parse_otlp_headers(name: &str, value: &str) -> Result<Vec<(String, String
                 format!("entry {} is not `key=value`", i + 1),
             ));
         };
-        let key = percent_decode(k.trim())
+        let key = crate::percent_decode(k.trim())
             .ok_or_else(|| ExportError::config(name, format!("entry {} has a bad key", i + 1)))?;
-        let value = percent_decode(v.trim()).ok_or_else(|| {
+        let value = crate::percent_decode(v.trim()).ok_or_else(|| {
             ExportError::config(
                 name,
                 format!("the value of `{key}` is not valid percent-encoded UTF-8"),
@@ -180,24 +183,6 @@ fn check_header(field: &str, key: &str, value: &str) -> Result<(), ExportError> 
     Ok(())
 }
 
-/// `%XX` escapes decoded; `None` when one is malformed or the result not UTF-8.
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
 impl OtlpProfilesConfig {
     /// A configuration posting to `endpoint` over `protocol`, with the defaults.
     pub fn new(endpoint: impl Into<String>, protocol: OtlpProtocol) -> Self {
@@ -205,7 +190,7 @@ impl OtlpProfilesConfig {
             endpoint: endpoint.into(),
             protocol,
             headers: Vec::new(),
-            service_name: crate::default_service_name(),
+            service_name: crate::default_service_name(|k| std::env::var(k).ok()),
             interval: DEFAULT_INTERVAL,
             delivery: DeliveryConfig::default(),
             ca_certificates_pem: None,
@@ -226,7 +211,8 @@ impl OtlpProfilesConfig {
     /// - `…_TIMEOUT`: milliseconds per export (default 10 000).
     /// - `…_CERTIFICATE`: a PEM file of CA certificates to trust for `https://`.
     ///
-    /// And `OTEL_SERVICE_NAME`.
+    /// And `OTEL_SERVICE_NAME` or `OTEL_RESOURCE_ATTRIBUTES` for `service_name`, when
+    /// no tracer provider names the service.
     pub fn from_env() -> Result<Option<Self>, ExportError> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
@@ -255,9 +241,7 @@ impl OtlpProfilesConfig {
         };
         crate::http::validate_url(endpoint_var, &endpoint)?;
         let mut cfg = OtlpProfilesConfig::new(endpoint, protocol);
-        if let Some(name) = var("OTEL_SERVICE_NAME").filter(|s| !s.is_empty()) {
-            cfg.service_name = name;
-        }
+        cfg.service_name = crate::default_service_name(&var);
         for name in [
             "OTEL_EXPORTER_OTLP_HEADERS",
             "OTEL_EXPORTER_OTLP_PROFILES_HEADERS",
@@ -504,22 +488,15 @@ impl Dictionary {
 }
 
 struct HttpTransport {
-    client: reqwest::Client,
+    client: crate::http::HttpClient,
     url: String,
+    /// The configured headers and the content type.
     headers: http::HeaderMap,
 }
 
 impl Transport for HttpTransport {
     fn send<'a>(&'a self, payload: &'a [u8]) -> SendFuture<'a> {
-        Box::pin(async move {
-            let req = self
-                .client
-                .post(&self.url)
-                .headers(self.headers.clone())
-                .header(http::header::CONTENT_TYPE, "application/x-protobuf")
-                .body(payload.to_vec());
-            crate::http::classify(req.send().await).await
-        })
+        Box::pin(self.client.post(&self.url, &self.headers, payload))
     }
 }
 
@@ -664,7 +641,10 @@ fn grpc_metadata(headers: &[(String, String)]) -> tonic::metadata::MetadataMap {
 }
 
 /// Exports a labelled CPU profile as OTLP profiles every interval. Experimental.
+/// Dropping it stops it at once (logged); [`OtlpProfilesExporter::shutdown`] sends
+/// the last interval first.
 #[derive(Debug)]
+#[must_use = "the exporter stops when dropped: keep it (or the Sinks holding it) alive as long as the service runs"]
 pub struct OtlpProfilesExporter {
     exporter: Exporter,
 }
@@ -678,19 +658,42 @@ impl OtlpProfilesExporter {
                 "otlp-profiles",
                 cfg.delivery.clone(),
                 HttpTransport {
-                    client: crate::http::http_client(
+                    client: crate::http::HttpClient::new(
+                        "endpoint",
+                        &cfg.endpoint,
                         "ca_certificates_pem",
                         cfg.ca_certificates_pem.as_deref(),
                     )?,
                     url: cfg.endpoint.clone(),
-                    headers: http_headers(&cfg.headers),
+                    headers: {
+                        let mut h = http_headers(&cfg.headers);
+                        h.insert(
+                            http::header::CONTENT_TYPE,
+                            http::HeaderValue::from_static("application/x-protobuf"),
+                        );
+                        h
+                    },
                 },
             ),
             OtlpProtocol::Grpc => {
-                let mut endpoint = tonic::transport::Endpoint::from_shared(cfg.endpoint.clone())
+                let endpoint = tonic::transport::Endpoint::from_shared(cfg.endpoint.clone())
                     .map_err(|e| ExportError::config("endpoint", e.to_string()))?
                     .timeout(cfg.delivery.request_timeout)
                     .connect_timeout(Duration::from_secs(5));
+                #[cfg(not(feature = "tls"))]
+                if cfg.endpoint.starts_with("https://") || cfg.ca_certificates_pem.is_some() {
+                    return Err(ExportError::config(
+                        if cfg.ca_certificates_pem.is_some() {
+                            "ca_certificates_pem"
+                        } else {
+                            "endpoint"
+                        },
+                        "https:// and CA certificates need TLS: enable the `tls` feature of spanprof (or spanprof-export)",
+                    ));
+                }
+                #[cfg(feature = "tls")]
+                let mut endpoint = endpoint;
+                #[cfg(feature = "tls")]
                 if cfg.endpoint.starts_with("https://") {
                     let mut tls = tonic::transport::ClientTlsConfig::new().with_webpki_roots();
                     if let Some(pem) = &cfg.ca_certificates_pem {
@@ -717,9 +720,14 @@ impl OtlpProfilesExporter {
                 )
             }
         };
-        let service = cfg.service_name.clone();
+        tracing::info!(
+            "spanprof: sending profiles: {cfg}, every {:?}",
+            cfg.interval
+        );
+        let service =
+            crate::SinkServiceName::new("otlp-profiles", "service.name", &cfg.service_name);
         let exporter = Exporter::start("otlp-interval", cfg.interval, source, delivery, move |p| {
-            (!p.samples.is_empty()).then(|| export_request(p, &service).encode_to_vec())
+            (!p.samples.is_empty()).then(|| export_request(p, &service.current()).encode_to_vec())
         });
         Ok(OtlpProfilesExporter { exporter })
     }

@@ -101,8 +101,10 @@ impl std::fmt::Debug for PyroscopeAuth {
 pub struct PyroscopeConfig {
     /// Server address, for example `http://pyroscope:4040` or `https://…`.
     pub server: String,
-    /// `service_name` series label. Defaults to `OTEL_SERVICE_NAME`, else the
-    /// executable's name.
+    /// `service_name` series label. Defaults to the traces' `service.name`: the
+    /// tracer provider's `Resource`'s (with `SpanProfileProcessor`; followed if the
+    /// provider is built after the sink starts), else `OTEL_SERVICE_NAME`, else
+    /// `service.name` in `OTEL_RESOURCE_ATTRIBUTES`, else the executable's name.
     pub service_name: String,
     /// Extra series labels.
     pub tags: Vec<(String, String)>,
@@ -155,7 +157,7 @@ impl PyroscopeConfig {
     pub fn new(server: impl Into<String>) -> Self {
         PyroscopeConfig {
             server: server.into(),
-            service_name: crate::default_service_name(),
+            service_name: crate::default_service_name(|k| std::env::var(k).ok()),
             tags: Vec::new(),
             auth: PyroscopeAuth::None,
             tenant_id: None,
@@ -167,7 +169,8 @@ impl PyroscopeConfig {
 
     /// From `PYROSCOPE_SERVER_ADDRESS` (none set: `Ok(None)`),
     /// `PYROSCOPE_BASIC_AUTH_USER` / `PYROSCOPE_BASIC_AUTH_PASSWORD`,
-    /// `PYROSCOPE_TENANT_ID`, `OTEL_SERVICE_NAME` and `PYROSCOPE_CA_CERT_FILE` (a PEM
+    /// `PYROSCOPE_TENANT_ID`, `OTEL_SERVICE_NAME` or `OTEL_RESOURCE_ATTRIBUTES` (when no
+    /// tracer provider names the service) and `PYROSCOPE_CA_CERT_FILE` (a PEM
     /// file of CA certificates to trust besides the public roots; spanprof's own
     /// variable, the Pyroscope SDKs have none).
     pub fn from_env() -> Result<Option<Self>, ExportError> {
@@ -180,9 +183,7 @@ impl PyroscopeConfig {
             return Ok(None);
         };
         let mut cfg = PyroscopeConfig::new(server);
-        if let Some(name) = var("OTEL_SERVICE_NAME").filter(|s| !s.is_empty()) {
-            cfg.service_name = name;
-        }
+        cfg.service_name = crate::default_service_name(&var);
         match (
             var("PYROSCOPE_BASIC_AUTH_USER"),
             var("PYROSCOPE_BASIC_AUTH_PASSWORD"),
@@ -337,36 +338,55 @@ pub fn push_request(cfg: &PyroscopeConfig, pprof_gz: Vec<u8>, id: String) -> Vec
 }
 
 struct PushTransport {
-    client: reqwest::Client,
+    client: crate::http::HttpClient,
     url: String,
-    auth: PyroscopeAuth,
-    tenant_id: Option<String>,
+    /// Content type, credentials and tenant.
+    headers: http::HeaderMap,
+}
+
+impl PushTransport {
+    fn headers(cfg: &PyroscopeConfig) -> Result<http::HeaderMap, ExportError> {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/proto"),
+        );
+        let auth = match &cfg.auth {
+            PyroscopeAuth::None => None,
+            PyroscopeAuth::Basic { user, password } => {
+                Some(crate::http::basic_auth(user, password))
+            }
+            PyroscopeAuth::Bearer(token) => {
+                let mut v =
+                    http::HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+                        ExportError::config("auth", "the token is not a valid header value")
+                    })?;
+                v.set_sensitive(true);
+                Some(v)
+            }
+        };
+        if let Some(auth) = auth {
+            headers.insert(http::header::AUTHORIZATION, auth);
+        }
+        if let Some(t) = &cfg.tenant_id {
+            let v = http::HeaderValue::from_str(t)
+                .map_err(|_| ExportError::config("tenant_id", "not a valid header value"))?;
+            headers.insert("x-scope-orgid", v);
+        }
+        Ok(headers)
+    }
 }
 
 impl Transport for PushTransport {
     fn send<'a>(&'a self, payload: &'a [u8]) -> SendFuture<'a> {
-        Box::pin(async move {
-            let mut req = self
-                .client
-                .post(&self.url)
-                .header(http::header::CONTENT_TYPE, "application/proto")
-                .header(http::header::USER_AGENT, crate::USER_AGENT)
-                .body(payload.to_vec());
-            req = match &self.auth {
-                PyroscopeAuth::None => req,
-                PyroscopeAuth::Basic { user, password } => req.basic_auth(user, Some(password)),
-                PyroscopeAuth::Bearer(token) => req.bearer_auth(token),
-            };
-            if let Some(t) = &self.tenant_id {
-                req = req.header("X-Scope-OrgID", t);
-            }
-            crate::http::classify(req.send().await).await
-        })
+        Box::pin(self.client.post(&self.url, &self.headers, payload))
     }
 }
 
-/// Pushes a labelled CPU profile to Pyroscope every interval.
+/// Pushes a labelled CPU profile to Pyroscope every interval. Dropping it stops it
+/// at once (logged); [`PyroscopeExporter::shutdown`] pushes the last interval first.
 #[derive(Debug)]
+#[must_use = "the exporter stops when dropped: keep it (or the Sinks holding it) alive as long as the service runs"]
 pub struct PyroscopeExporter {
     exporter: Exporter,
 }
@@ -376,23 +396,36 @@ impl PyroscopeExporter {
     pub fn start(cfg: PyroscopeConfig, source: ProfileSource) -> Result<Self, ExportError> {
         cfg.validate()?;
         let transport = PushTransport {
-            client: crate::http::http_client(
+            client: crate::http::HttpClient::new(
+                "server",
+                &cfg.server,
                 "ca_certificates_pem",
                 cfg.ca_certificates_pem.as_deref(),
             )?,
             url: crate::http::join_path(&cfg.server, PUSH_PATH),
-            auth: cfg.auth.clone(),
-            tenant_id: cfg.tenant_id.clone(),
+            headers: PushTransport::headers(&cfg)?,
         };
         let delivery = Delivery::start("pyroscope", cfg.delivery.clone(), transport);
+        tracing::info!(
+            "spanprof: sending profiles: {cfg}, every {:?}",
+            cfg.interval
+        );
+        let service = crate::SinkServiceName::new("pyroscope", "service_name", &cfg.service_name);
+        let mut cfg = cfg;
         let exporter = Exporter::start(
             "pyroscope-interval",
             cfg.interval,
             source,
             delivery,
             move |profile| {
-                (!profile.samples.is_empty())
-                    .then(|| push_request(&cfg, push_pprof(profile), new_profile_id()))
+                if profile.samples.is_empty() {
+                    return None;
+                }
+                let name = service.current();
+                if cfg.service_name != name {
+                    cfg.service_name = name.into_owned();
+                }
+                Some(push_request(&cfg, push_pprof(profile), new_profile_id()))
             },
         );
         Ok(PyroscopeExporter { exporter })

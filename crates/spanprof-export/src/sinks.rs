@@ -11,6 +11,7 @@ use spanprof_core::Profile;
 use crate::OtlpProfilesExporter;
 #[cfg(feature = "pyroscope")]
 use crate::PyroscopeExporter;
+use crate::delivery::Stopped;
 use crate::{Delivery, DeliveryStats, ProfileSource};
 
 /// The state of an interval thread.
@@ -140,11 +141,13 @@ impl Exporter {
 impl Drop for Exporter {
     fn drop(&mut self) {
         if self.thread.is_some() {
-            // Stop at once: what is queued is dropped and counted.
+            // Stop at once: what is queued is dropped and counted; the stop is
+            // logged, saying that the handle was dropped.
             let end = Instant::now();
             self.stop_interval();
             self.wait_interval(end);
             self.delivery.begin_close(end);
+            self.delivery.finish_close_as(Stopped::Dropped);
         }
     }
 }
@@ -172,6 +175,7 @@ impl Drop for Exporter {
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Default)]
+#[must_use = "sinks stop when dropped: keep them alive as long as the service runs"]
 pub struct Sinks(Vec<Exporter>);
 
 impl Sinks {

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+mod export_watch;
 mod inner_spans;
 mod layer;
 mod otel_context;
@@ -13,6 +14,7 @@ mod tracing_layer;
 #[cfg(feature = "hyper")]
 pub mod hyper;
 
+pub use export_watch::{SpanExportStats, SpanExportWatch, WatchedBatch};
 pub use layer::{
     DEFAULT_MAX_ROUTES, DefaultRoute, GrpcRoute, MAX_MAX_ROUTES, MakeRoute, ProfileCorrelation,
     ProfileCorrelationLayer, ProfileCorrelationLayerBuilder, ProfiledBody, ResponseFuture,

@@ -181,9 +181,40 @@ impl<P: SpanProcessor> SpanProcessor for SpanProfileProcessor<P> {
         self.next.shutdown_with_timeout(timeout)
     }
 
+    /// The SDK hands every span processor the provider's `Resource` as the provider is
+    /// built: its `service.name` becomes the one spanprof's sinks file profiles under.
     fn set_resource(&mut self, resource: &Resource) {
+        record_service_name(resource);
         self.next.set_resource(resource);
     }
+}
+
+/// Records the `service.name` of the tracer provider's Resource for the sinks; a
+/// Resource without one (the SDK then says `unknown_service`) is reported once.
+fn record_service_name(resource: &Resource) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let name = resource
+        .get(&opentelemetry::Key::from_static_str("service.name"))
+        .map(|v| v.as_str().into_owned())
+        .unwrap_or_default();
+    if name.is_empty() || name.starts_with("unknown_service") {
+        if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(
+                "spanprof: the tracer provider's Resource names no service ({}), so traces and profiles are \
+                 filed under unknown_service: set OTEL_SERVICE_NAME, or build the provider \
+                 .with_resource(Resource::builder().with_service_name(\"my-service\").build())",
+                if name.is_empty() {
+                    "no service.name".to_owned()
+                } else {
+                    format!("service.name={name}")
+                }
+            );
+        }
+        if name.is_empty() {
+            return;
+        }
+    }
+    spanprof_core::set_resource_service_name(&name);
 }
 
 /// The exporter [`SpanProfileProcessor::batch`] puts behind the batch processor:

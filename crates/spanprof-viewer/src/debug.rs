@@ -4,6 +4,10 @@
 //! `?span_id=<16 hex>` and `?trace_id=<32 hex>` return a span's (with everything
 //! under it) or a trace's profile from the store.
 //!
+//! A `?seconds=` capture open when the viewer stops ([`crate::Viewer::close`],
+//! [`crate::ViewerThread::stop`]) ends early and answers what it collected, so a
+//! service's shutdown never waits for a `go tool pprof` capture (30 s by default).
+//!
 //! The work (reading the store, encoding the pprof) runs on tokio's blocking pool,
 //! not on the runtime's workers that serve requests. Each `?seconds=` window holds
 //! up to [`spanprof_core::DEFAULT_WINDOW_ENTRIES`] aggregated samples while it is
@@ -102,11 +106,51 @@ struct Params {
 
 /// The router serving [`DEBUG_PROFILE_PATH`]. Mount it in an axum app, or serve it
 /// from plain hyper through `hyper_util::service::TowerToHyperService` (it is a
-/// `tower::Service`). Bind it to loopback: profiles show function names.
+/// `tower::Service`). Bind it to loopback: profiles show function names. Its
+/// `?seconds=` captures run their full length; [`crate::Viewer::router`] serves the
+/// same endpoint with captures that [`crate::Viewer::close`] ends early.
 pub fn debug_router(profiler: Profiler) -> Router {
+    router(profiler, Closing::never())
+}
+
+/// The endpoint, its captures ended early by `closing`.
+pub(crate) fn router(profiler: Profiler, closing: Closing) -> Router {
     Router::new()
         .route(DEBUG_PROFILE_PATH, get(profile))
-        .with_state(profiler)
+        .with_state(Endpoint { profiler, closing })
+}
+
+#[derive(Clone)]
+struct Endpoint {
+    profiler: Profiler,
+    closing: Closing,
+}
+
+/// Set when the viewer stops: open captures end and answer what they collected.
+#[derive(Clone, Debug)]
+pub(crate) struct Closing(tokio::sync::watch::Receiver<bool>);
+
+impl Closing {
+    /// A signal and its sender.
+    pub(crate) fn new() -> (tokio::sync::watch::Sender<bool>, Closing) {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        (tx, Closing(rx))
+    }
+
+    /// A signal that never comes.
+    fn never() -> Closing {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        // Kept for the life of the process: the receiver then waits forever.
+        std::mem::forget(tx);
+        Closing(rx)
+    }
+
+    /// Completes once the viewer is stopping.
+    async fn closed(mut self) {
+        if self.0.wait_for(|closing| *closing).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 fn bad(msg: String) -> Response {
@@ -155,7 +199,8 @@ async fn from_store(
     .await
 }
 
-async fn profile(State(profiler): State<Profiler>, Query(p): Query<Params>) -> Response {
+async fn profile(State(endpoint): State<Endpoint>, Query(p): Query<Params>) -> Response {
+    let Endpoint { profiler, closing } = endpoint;
     if let Some(span) = p.span_id {
         let Ok(id) = u64::from_str_radix(&span, 16) else {
             return bad(format!("span_id `{span}` is not 16 hex digits"));
@@ -180,7 +225,11 @@ async fn profile(State(profiler): State<Profiler>, Query(p): Query<Params>) -> R
             return refuse_window(seconds);
         };
         let window = profiler.window(spanprof_core::DEFAULT_WINDOW_ENTRIES);
-        tokio::time::sleep(Duration::from_secs(seconds)).await;
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(seconds)) => {}
+            // Stopping: what was collected so far, now.
+            () = closing.closed() => {}
+        }
         off_runtime(move || {
             let _slot = slot;
             profiler.flush();

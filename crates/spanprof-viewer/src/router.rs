@@ -36,16 +36,29 @@ pub struct Viewer {
     profiler: Profiler,
     spans: RecentSpans,
     renders: Arc<Semaphore>,
+    close: Arc<tokio::sync::watch::Sender<bool>>,
+    closing: crate::debug::Closing,
 }
 
 impl Viewer {
     /// A viewer over `profiler`'s store and `spans`.
     pub fn new(profiler: Profiler, spans: RecentSpans) -> Self {
+        let (close, closing) = crate::debug::Closing::new();
         Viewer {
             profiler,
             spans,
             renders: Arc::new(Semaphore::new(MAX_CONCURRENT_RENDERS)),
+            close: Arc::new(close),
+            closing,
         }
+    }
+
+    /// Ends the `/debug/spanprof/profile?seconds=` captures open on this viewer's
+    /// router (and its clones'): each answers at once with what it has collected, so
+    /// that a shutdown does not wait for them. [`ViewerThread::stop`] calls it; call
+    /// it yourself when you serve [`Viewer::router`] in an app of your own.
+    pub fn close(&self) {
+        self.close.send_replace(true);
     }
 
     /// The router: mount it at the root of an axum app (its routes start with
@@ -71,7 +84,7 @@ impl Viewer {
             .route("/debug/spanprof/flamegraph/{span_id}", get(flamegraph))
             .route("/debug/spanprof/diff/{span_id}", get(diff))
             .with_state(self.clone());
-        api.merge(crate::debug::debug_router(self.profiler))
+        api.merge(crate::debug::router(self.profiler, self.closing))
     }
 }
 
@@ -113,7 +126,9 @@ pub async fn serve(
 /// runtime (and that runtime's blocking pool for the heavy answers): however busy
 /// the service's runtime is, the viewer answers, and the viewer's work never runs on
 /// the service's workers. Dropping it stops the server without waiting;
-/// [`ViewerThread::stop`] waits for requests in flight.
+/// [`ViewerThread::stop`] ends open profile captures (they answer what they have)
+/// and waits for requests in flight, [`ViewerThread::stop_within`] for at most a
+/// deadline.
 ///
 /// ```no_run
 /// # fn run(profiler: spanprof_core::Profiler) -> std::io::Result<()> {
@@ -124,8 +139,10 @@ pub async fn serve(
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
+#[must_use = "the viewer stops when dropped: keep it alive as long as it should serve"]
 pub struct ViewerThread {
     addr: SocketAddr,
+    viewer: Viewer,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -143,6 +160,7 @@ impl ViewerThread {
             .thread_name("spanprof-viewer-blocking")
             .build()?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let handle = viewer.clone();
         let thread = std::thread::Builder::new()
             .name("spanprof-viewer".into())
             .spawn(move || {
@@ -164,6 +182,7 @@ impl ViewerThread {
             })?;
         Ok(ViewerThread {
             addr: bound,
+            viewer: handle,
             stop: Some(stop),
             thread: Some(thread),
         })
@@ -174,22 +193,45 @@ impl ViewerThread {
         self.addr
     }
 
-    /// Stops accepting, waits for the requests in flight, and joins the thread.
+    /// Stops accepting, ends open profile captures (each answers what it has
+    /// collected), waits for the requests in flight, and joins the thread.
     pub fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+        self.begin_stop();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+    }
+
+    /// [`ViewerThread::stop`], waiting at most `deadline` for the requests in flight
+    /// (a flamegraph being drawn, say); past it the thread is left to end by itself.
+    /// Returns whether it ended in time.
+    pub fn stop_within(mut self, deadline: std::time::Duration) -> bool {
+        self.begin_stop();
+        let Some(t) = self.thread.take() else {
+            return true;
+        };
+        let end = std::time::Instant::now() + deadline;
+        while !t.is_finished() {
+            if std::time::Instant::now() >= end {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let _ = t.join();
+        true
+    }
+
+    fn begin_stop(&mut self) {
+        self.viewer.close();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
         }
     }
 }
 
 impl Drop for ViewerThread {
     fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+        self.begin_stop();
     }
 }
 

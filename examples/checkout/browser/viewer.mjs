@@ -1,6 +1,8 @@
-// The viewer in headless Chromium (Debian's, driven by playwright-core): open the
-// viewer, pick the slowest POST /checkout trace, pick its checkout span, and check the
-// flamegraph shows the code that made it slow. Saves a screenshot.
+// The viewer in headless Chromium (Debian's, driven by playwright-core), 1400 px wide:
+// open the viewer, pick the slowest POST /checkout trace, pick its checkout span, and
+// check the flamegraph shows the code that made it slow, and that the trace list stays
+// inside its card (its last column was once drawn past the card's edge). Saves a
+// screenshot.
 //
 // node viewer.mjs <viewer url> <screenshot.png>
 import { chromium } from 'playwright-core';
@@ -15,10 +17,25 @@ const browser = await chromium.launch({
   args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
     '--disable-background-networking', '--disable-component-update', '--disable-sync'],
 });
+// Every cell of the trace list inside the card that holds it; the reason if not.
+async function traceListOverflow(page) {
+  return page.evaluate(() => {
+    const pane = document.getElementById('traces-pane').getBoundingClientRect();
+    const out = [...document.querySelectorAll('#traces, #traces th, #traces td')]
+      .map((el) => [el, el.getBoundingClientRect()])
+      .filter(([, r]) => r.right > pane.right + 0.5 || r.left < pane.left - 0.5)
+      .map(([el, r]) => `${el.tagName} "${el.textContent.trim().slice(0, 24)}" at ${Math.round(r.left)}-${Math.round(r.right)}`);
+    return out.length === 0 ? null
+      : `the trace list overflows its card (${Math.round(pane.left)}-${Math.round(pane.right)}): ${out.slice(0, 3).join('; ')}`;
+  });
+}
+
 let failed = null;
-const page = await browser.newPage({ viewport: { width: 1600, height: 1000 } });
+const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
 try {
   await page.goto(url);
+  await page.locator('tr.trace-row').first().waitFor({ timeout: 15000 });
+  failed = await traceListOverflow(page);
   await page.fill('#route-filter', 'POST /checkout');
   // Wait for the filtered list itself, not a row of the unfiltered one.
   await page.waitForFunction(() => {
@@ -36,6 +53,7 @@ try {
   if (!/check_price_rules|CartSerializer::to_json/.test(content)) {
     failed = 'the flamegraph does not show check_price_rules or CartSerializer::to_json';
   }
+  failed ??= await traceListOverflow(page);
 } catch (e) {
   failed = String(e);
 } finally {

@@ -9,7 +9,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use spanprof::tower::{MakeRoute, UNMATCHED_ROUTE};
-use tonic::{Request, Response, Status};
+use tonic::{Code, Request, Response, Status};
+use tower_http::classify::GrpcFailureClass;
 use tower_http::trace::TraceLayer;
 
 use crate::accept::Acceptor;
@@ -73,6 +74,35 @@ impl<B> MakeRoute<B> for InventoryRoute {
     }
 }
 
+/// Whether a gRPC status is the caller's mistake (an unknown method, a bad
+/// argument, …) rather than this server's failure.
+fn client_error(code: Code) -> bool {
+    matches!(
+        code,
+        Code::Cancelled
+            | Code::InvalidArgument
+            | Code::NotFound
+            | Code::AlreadyExists
+            | Code::PermissionDenied
+            | Code::FailedPrecondition
+            | Code::OutOfRange
+            | Code::Unimplemented
+            | Code::Unauthenticated
+    )
+}
+
+/// How a failed call is logged: the caller's mistakes (a client calling methods this
+/// server does not serve gets `Unimplemented`) at debug, so that they cannot flood the
+/// log; this server's failures at error, as tower-http does.
+fn log_failure(class: GrpcFailureClass, latency: Duration, _span: &tracing::Span) {
+    match class {
+        GrpcFailureClass::Status(status) if client_error(Code::from(status.code_raw())) => {
+            tracing::debug!(%status, ?latency, "call refused: the caller's error");
+        }
+        class => tracing::error!(classification = %class, ?latency, "call failed"),
+    }
+}
+
 /// Serves the inventory on `acceptor` until `stop`, then finishes the calls in
 /// flight.
 pub async fn serve(acceptor: Acceptor, stop: Stop) -> std::io::Result<()> {
@@ -80,7 +110,8 @@ pub async fn serve(acceptor: Acceptor, stop: Stop) -> std::io::Result<()> {
     tonic::transport::Server::builder()
         .layer(
             TraceLayer::new_for_grpc()
-                .make_span_with(|req: &http::Request<_>| server_span(req, "inventory", route(req))),
+                .make_span_with(|req: &http::Request<_>| server_span(req, "inventory", route(req)))
+                .on_failure(log_failure),
         )
         .layer(layer)
         .add_service(InventoryServer::new(Stock::default()))

@@ -87,6 +87,7 @@ struct Servers {
     stop_backends: StopTrigger,
     backends: Vec<JoinHandle<()>>,
     viewer: ViewerThread,
+    viewer_handle: Viewer,
 }
 
 /// How a shutdown went.
@@ -104,12 +105,14 @@ impl Shop {
         format!("http://{}{}", self.viewer, spanprof_viewer::VIEWER_PATH)
     }
 
-    /// Stops the shop: the API stops accepting and finishes its requests in flight
-    /// (which still reach the backends), then the backends do the same, then the
-    /// viewer. Whatever is still running at `deadline` is cut.
+    /// Stops the shop within `deadline`: open profile captures of the viewer end at
+    /// once (each answers what it collected), the API stops accepting and finishes
+    /// its requests in flight (which still reach the backends), then the backends do
+    /// the same, then the viewer. Whatever is still running at `deadline` is cut.
     pub async fn shutdown(self, deadline: Duration) -> Drained {
         let started = Instant::now();
         let s = self.servers;
+        s.viewer_handle.close();
         let drain = async {
             s.stop_api.stop();
             let _ = s.api.await;
@@ -118,11 +121,14 @@ impl Shop {
                 let _ = b.await;
             }
         };
-        let in_time = tokio::time::timeout(deadline, drain).await.is_ok();
+        let drained = tokio::time::timeout(deadline, drain).await.is_ok();
         let viewer = s.viewer;
-        let _ = tokio::task::spawn_blocking(move || viewer.stop()).await;
+        let left = deadline.saturating_sub(started.elapsed());
+        let viewer_stopped = tokio::task::spawn_blocking(move || viewer.stop_within(left))
+            .await
+            .unwrap_or(false);
         Drained {
-            in_time,
+            in_time: drained && viewer_stopped,
             took: started.elapsed(),
         }
     }
@@ -174,7 +180,8 @@ pub async fn start(
             payments::serve(Acceptor::new(payments, "payments"), backend_stop),
         ),
     ];
-    let viewer = start_viewer(Viewer::new(profiler.clone(), spans.clone()), cfg.viewer)?;
+    let viewer_handle = Viewer::new(profiler.clone(), spans.clone());
+    let viewer = start_viewer(viewer_handle.clone(), cfg.viewer)?;
 
     let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
     let api_addr = listener.local_addr()?;
@@ -202,6 +209,7 @@ pub async fn start(
             stop_backends,
             backends,
             viewer,
+            viewer_handle,
         },
     })
 }
@@ -214,7 +222,7 @@ pub async fn start_local(
     telemetry: &telemetry::Telemetry,
 ) -> Result<(Shop, opentelemetry_sdk::trace::SdkTracerProvider), String> {
     let spans = RecentSpans::new(spanprof_viewer::DEFAULT_MAX_TRACES);
-    let provider = telemetry::init(&spans, telemetry)?;
+    let provider = telemetry::init(&spans, telemetry)?.provider;
     let any: SocketAddr = "127.0.0.1:0".parse().expect("an address");
     let cfg = ShopConfig {
         listen: any,

@@ -11,7 +11,7 @@
 //! second signal exits at once.
 
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use checkout::stop::Stop;
 use checkout::telemetry::{self, Telemetry};
@@ -33,10 +33,14 @@ const USAGE: &str = "usage:
       drive another instance (default 20s, 4 clients)
 SIGINT (Ctrl-C) or SIGTERM stops it cleanly, during the load too.";
 
-/// How long requests in flight may take to finish at shutdown.
+/// How long a stop may take in all, from the signal to the exit: within Kubernetes'
+/// default grace period of 30 s.
+const STOP_DEADLINE: Duration = Duration::from_secs(20);
+/// How long requests in flight may take to finish at shutdown (open profile
+/// captures answer at once).
 const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
 /// How long the profile sinks may take, together, to send their last interval at
-/// shutdown.
+/// shutdown; the spans get what is left of [`STOP_DEADLINE`].
 const SINK_DEADLINE: Duration = spanprof::export::DEFAULT_SHUTDOWN_DEADLINE;
 
 fn duration(flag: &str, v: &str) -> Result<Duration, String> {
@@ -176,7 +180,7 @@ async fn serve(cfg: ShopConfig, load_for: Duration, profiler: Profiler) -> Resul
     let (stop, signal_name) = Signals::listen()?.into_stop();
     let spans = RecentSpans::new(spanprof_viewer::DEFAULT_MAX_TRACES);
     let t = Telemetry::from_env()?;
-    let provider = telemetry::init(&spans, &t)?;
+    let telemetry::Tracing { provider, exports } = telemetry::init(&spans, &t)?;
     let mut sinks = Sinks::new();
     match PyroscopeConfig::from_env() {
         Ok(Some(c)) => {
@@ -272,20 +276,34 @@ async fn serve(cfg: ShopConfig, load_for: Duration, profiler: Profiler) -> Resul
         );
     }
     stop.stopped().await;
+    let end = Instant::now() + STOP_DEADLINE;
     let name = signal_name.await.unwrap_or("signal");
 
     let drained = shop.shutdown(DRAIN_DEADLINE).await;
     let flushed = tokio::task::spawn_blocking(move || {
+        let left = || end.saturating_duration_since(Instant::now());
         profiler.flush();
         // Every sink sends its last interval; they share one deadline.
         let profiles: Vec<String> = sinks
-            .shutdown(SINK_DEADLINE)
+            .shutdown(SINK_DEADLINE.min(left()))
             .into_iter()
             .map(|(name, s)| format!("{name}: {} sent, {} dropped", s.sent, s.dropped()))
             .collect();
-        let spans = match provider.shutdown() {
-            Ok(()) => "spans flushed".to_owned(),
-            Err(e) => format!("spans not flushed: {e}"),
+        let result = provider.shutdown_with_timeout(left());
+        // "Flushed" only if every span ended was exported.
+        let spans = match (result, exports.map(|w| w.stats())) {
+            (Ok(()), None) => "spans kept in the viewer only".to_owned(),
+            (Ok(()), Some(s)) if s.lost() == 0 => {
+                format!("spans flushed ({} exported)", s.exported)
+            }
+            (result, Some(s)) => format!(
+                "spans: {} of {} exported, {} lost{}",
+                s.exported,
+                s.ended,
+                s.lost(),
+                result.err().map(|e| format!(" ({e})")).unwrap_or_default()
+            ),
+            (Err(e), None) => format!("spans not flushed: {e}"),
         };
         (profiles, spans)
     })

@@ -75,23 +75,21 @@ pub async fn serve(mut acceptor: Acceptor, stop: Stop) -> std::io::Result<()> {
         let profiled = ProfiledService::new(service_fn(pay), layer.clone(), |req: &_| {
             Some(route(req).to_owned())
         });
+        // `GET /health` (probed every second) is answered here, with no span and
+        // unprofiled; every other request goes through the profiled service.
         let svc = service_fn(move |req: http::Request<Incoming>| {
-            let health = route(&req) == "/health";
-            let span = if health {
-                tracing::Span::none()
-            } else {
-                server_span(&req, "payments", route(&req))
-            };
-            let fut = span.in_scope(|| hyper::service::Service::call(&profiled, req));
+            let fut = (route(&req) != "/health").then(|| {
+                let span = server_span(&req, "payments", route(&req));
+                span.in_scope(|| hyper::service::Service::call(&profiled, req))
+                    .instrument(span)
+            });
             async move {
-                if health {
-                    return Ok(http::Response::new(
+                match fut {
+                    Some(fut) => fut.await.map(|resp| resp.map(BodyExt::boxed)),
+                    None => Ok(http::Response::new(
                         Full::new(Bytes::from_static(b"ok\n")).boxed(),
-                    ));
+                    )),
                 }
-                fut.instrument(span)
-                    .await
-                    .map(|resp| resp.map(BodyExt::boxed))
             }
         });
         let conn =

@@ -17,8 +17,8 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{BatchSpanProcessor, SdkTracerProvider, SpanProcessor};
-use spanprof::tower::{SpanProfileLayer, SpanProfileProcessor};
+use opentelemetry_sdk::trace::{SdkTracerProvider, SpanProcessor};
+use spanprof::tower::{SpanExportWatch, SpanProfileLayer, SpanProfileProcessor};
 use spanprof_viewer::RecentSpans;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::EnvFilter;
@@ -53,7 +53,9 @@ impl TraceProtocol {
 /// How tracing is set up.
 #[derive(Debug, Clone)]
 pub struct Telemetry {
-    /// The OpenTelemetry `service.name`. From `OTEL_SERVICE_NAME`, else `checkout`.
+    /// The OpenTelemetry `service.name` of traces and profiles. From
+    /// `OTEL_SERVICE_NAME`, else `service.name` in `OTEL_RESOURCE_ATTRIBUTES`, else
+    /// `checkout`.
     pub service_name: String,
     /// Where spans are exported over OTLP (none: the viewer only). From
     /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (used as it is), else
@@ -115,7 +117,7 @@ impl Telemetry {
             }),
         };
         Ok(Telemetry {
-            service_name: var("OTEL_SERVICE_NAME").unwrap_or(d.service_name),
+            service_name: spanprof::env_service_name(var).unwrap_or(d.service_name),
             otlp_endpoint,
             otlp_protocol,
             trace_filter: var("CHECKOUT_TRACE_FILTER").unwrap_or(d.trace_filter),
@@ -128,18 +130,29 @@ fn filter(name: &str, directives: &str) -> Result<EnvFilter, String> {
     EnvFilter::try_new(directives).map_err(|e| format!("{name} `{directives}`: {e}"))
 }
 
+/// The tracer provider, and what became of the spans sent over OTLP.
+#[derive(Debug)]
+pub struct Tracing {
+    /// The provider (shut it down at the end: the last spans are exported then).
+    pub provider: SdkTracerProvider,
+    /// With an OTLP endpoint: the spans ended, exported and failed (an export outage
+    /// is logged once as it begins and once as it ends).
+    pub exports: Option<SpanExportWatch>,
+}
+
 /// Installs the global tracing subscriber and returns the tracer provider. Errors
 /// name the setting at fault (a filter that does not parse, an endpoint the OTLP
 /// exporter refuses).
-pub fn init(spans: &RecentSpans, t: &Telemetry) -> Result<SdkTracerProvider, String> {
+pub fn init(spans: &RecentSpans, t: &Telemetry) -> Result<Tracing, String> {
     let trace_filter = filter("CHECKOUT_TRACE_FILTER", &t.trace_filter)?;
     let log_filter = t
         .log_filter
         .as_deref()
         .map(|f| filter("RUST_LOG", f))
         .transpose()?;
-    let otlp: Option<Box<dyn SpanProcessor>> = match &t.otlp_endpoint {
-        Some(endpoint) => {
+    let exports = t.otlp_endpoint.as_ref().map(|_| SpanExportWatch::new());
+    let otlp: Option<Box<dyn SpanProcessor>> = match (&t.otlp_endpoint, &exports) {
+        (Some(endpoint), Some(exports)) => {
             let builder = opentelemetry_otlp::SpanExporter::builder();
             let exporter = match t.otlp_protocol {
                 TraceProtocol::Grpc => builder.with_tonic().with_endpoint(endpoint).build(),
@@ -155,9 +168,9 @@ pub fn init(spans: &RecentSpans, t: &Telemetry) -> Result<SdkTracerProvider, Str
                     spanprof::export::redact_url(endpoint)
                 )
             })?;
-            Some(Box::new(BatchSpanProcessor::builder(exporter).build()))
+            Some(Box::new(exports.batch(exporter)))
         }
-        None => None,
+        _ => None,
     };
     let provider = SdkTracerProvider::builder()
         .with_resource(
@@ -186,7 +199,7 @@ pub fn init(spans: &RecentSpans, t: &Telemetry) -> Result<SdkTracerProvider, Str
         .with(logs)
         .try_init();
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-    Ok(provider)
+    Ok(Tracing { provider, exports })
 }
 
 struct HeaderInjector<'a>(&'a mut http::HeaderMap);

@@ -3,6 +3,7 @@
 
 use axum::{Router, routing::get};
 use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{BatchSpanProcessor, SdkTracerProvider};
 use spanprof::viewer::{DEFAULT_MAX_TRACES, RecentSpans, Viewer, ViewerThread};
 use spanprof::{ProfileCorrelationLayer, Profiler, SpanProfileLayer, SpanProfileProcessor};
@@ -31,6 +32,8 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     let spans = RecentSpans::new(DEFAULT_MAX_TRACES);
     let provider = SdkTracerProvider::builder()
+        // The service.name of traces and profiles alike.
+        .with_resource(Resource::builder().with_service_name("shop").build())
         .with_span_processor(SpanProfileProcessor::new(spans.processor(Some(Box::new(
             BatchSpanProcessor::builder(exporter).build(),
         )))))
@@ -42,10 +45,11 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
         .with(SpanProfileLayer::new())
         .init();
 
-    // 4. The viewer, on a loopback port, thread and runtime of its own.
+    // 4. The viewer, on a loopback port (VIEWER_ADDR, default 127.0.0.1:6060), thread
+    //    and runtime of its own.
     let viewer = ViewerThread::start(
         Viewer::new(profiler.clone(), spans),
-        "127.0.0.1:6060".parse()?,
+        address("VIEWER_ADDR", "127.0.0.1:6060").parse()?,
         false,
     )?;
     println!("viewer http://{}/debug/spanprof/", viewer.local_addr());
@@ -59,8 +63,11 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
             TraceLayer::new_for_http()
                 .make_span_with(DefaultMakeSpan::new().level(tracing::Level::INFO)),
         );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
-    println!("service http://127.0.0.1:3000/hash (Ctrl-C stops)");
+    let listener = tokio::net::TcpListener::bind(address("ADDR", "127.0.0.1:3000")).await?;
+    println!(
+        "service http://{}/hash (Ctrl-C stops)",
+        listener.local_addr()?
+    );
     axum::serve(listener, app)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
@@ -69,6 +76,11 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     provider.shutdown()?;
     viewer.stop();
     Ok(())
+}
+
+/// The address in environment variable `var`, else `default`.
+fn address(var: &str, default: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| default.to_owned())
 }
 
 /// Some CPU work for the profile to show.

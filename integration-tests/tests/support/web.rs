@@ -32,6 +32,11 @@ pub fn otel() -> &'static Otel {
     OTEL.get_or_init(|| {
         let exporter = InMemorySpanExporter::default();
         let provider = SdkTracerProvider::builder()
+            .with_resource(
+                opentelemetry_sdk::Resource::builder()
+                    .with_service_name("spanprof-tests")
+                    .build(),
+            )
             .with_span_processor(SpanProfileProcessor::new(SimpleSpanProcessor::new(
                 exporter.clone(),
             )))

@@ -48,15 +48,21 @@ pub(super) fn start_platform(cfg: ProfilerBuilder) -> Result<Arc<ProfilerInner>,
     let frame_pointers = sys::frame_pointers_present();
     sys::refresh_unwind_modules(false);
     let unwinding = sys::set_unwinding(cfg.unwinding);
+    crate::setup::profiler_started(format!(
+        "spanprof: profiler started: {} Hz baseline, {effective_high_hz} Hz for hot requests via {}{}, stacks unwound by {}",
+        cfg.baseline_hz,
+        mechanism.as_str(),
+        if effective_high_hz < cfg.high_hz {
+            format!(" ({} Hz asked, at most {max_high_hz} with it)", cfg.high_hz)
+        } else {
+            String::new()
+        },
+        match unwinding {
+            Unwinding::DwarfCfi => "DWARF call-frame information",
+            Unwinding::FramePointers => "frame pointers",
+        },
+    ));
     crate::setup::check_build(frame_pointers, unwinding);
-    tracing::info!(
-        baseline_hz = cfg.baseline_hz,
-        high_hz = cfg.high_hz,
-        effective_high_hz,
-        mechanism = mechanism.as_str(),
-        unwinding = unwinding.as_str(),
-        "spanprof: profiler started"
-    );
     let caps = Capabilities {
         mechanism,
         unwinding,

@@ -123,9 +123,10 @@ impl<R> ProfileCorrelationLayer<R> {
     }
 
     /// Route keys of this layer's configuration (per-route policies and disabled
-    /// routes) that no request has matched so far. After its first 1 000 requests the
-    /// layer logs the ones still unmatched, once: a key that never matches is usually
-    /// a typo or not the router's template (`/cart/{cart_id}` for `/cart/{id}`).
+    /// routes) that no request has matched so far: their routes had no request yet,
+    /// or the key is not the router's template. The layer logs a key, once, when a
+    /// request arrives under a route it was evidently meant for (`/cart/{id}` for a
+    /// key `/cart/{cart_id}` or `/cart/42`).
     pub fn unmatched_route_keys(&self) -> Vec<String> {
         self.correlator.0.keys.unmatched()
     }
@@ -276,6 +277,8 @@ impl ProfileCorrelationLayerBuilder {
             ));
         }
         registry::set_scope(scope);
+        // The layer is built as the service starts: check what can be checked now.
+        spanprof_core::setup::check_at_start();
         // quanta calibrates its clock on first use (milliseconds): here, not in the
         // first request.
         PollTimer::calibrate();
@@ -288,6 +291,7 @@ impl ProfileCorrelationLayerBuilder {
         Ok(ProfileCorrelationLayer {
             correlator: Correlator(Arc::new(CorrelatorState {
                 keys: setup::RouteKeys::new(keys),
+                spans: setup::SpanEvidence::default(),
                 policies,
                 routes: make_route::RouteTable::new(max_routes),
                 _profiler: profiler,
@@ -310,6 +314,8 @@ pub(crate) struct CorrelatorState {
     policies: Policies,
     /// Which configured route keys requests have matched (set-up check).
     keys: setup::RouteKeys,
+    /// Whether requests have had a `tracing` span current (set-up check).
+    spans: setup::SpanEvidence,
     /// Each route seen, with its names and policy.
     routes: make_route::RouteTable,
     /// Keeps the profiler this layer was built against.
@@ -361,10 +367,11 @@ impl Correlator {
                 state.keys.observe(method, route);
                 state.policies.lookup(method, route).cloned()
             });
-        state.keys.count_request();
         let policy = entry.policy.as_ref()?;
         let trace = trace_context::current(request.headers());
-        setup::check_trace_source(trace.source);
+        state
+            .spans
+            .observe(trace.source, entry.span_name, request.headers());
         let decision_id = if trace.trace_id != 0 {
             trace.trace_id
         } else {

@@ -11,5 +11,6 @@ mod otlp_http;
 mod routes;
 mod shutdown;
 mod spans;
+mod startup;
 mod support;
 mod traceparent;

@@ -95,3 +95,137 @@ fn sigint_during_the_load_drains_and_flushes() {
 fn sigterm_when_idle_drains_and_flushes() {
     stops_cleanly("TERM", When::Idle);
 }
+
+/// `go tool pprof` asks for 30 s by default: a capture open at SIGTERM is answered at
+/// once with what it collected, and the shutdown keeps its one deadline instead of
+/// waiting for the capture's end.
+#[test]
+fn sigterm_with_a_profile_capture_open_answers_it_and_stops_in_time() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let collector = Collector::default();
+    let endpoint = rt.block_on(collector.start());
+    let mut ex = Example::spawn(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--viewer",
+            "127.0.0.1:0",
+            "--load",
+            "0",
+        ],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)],
+    );
+    let (api, _, _) = ex.addresses();
+    let viewer = ex.viewer_url(Duration::from_secs(60));
+    let url = format!("{viewer}profile?seconds=60");
+    let capture = rt.spawn(async move { crate::support::get(&url).await });
+    rt.block_on(async {
+        for i in 0..3 {
+            let (status, body) = checkout(api, i).await.unwrap();
+            assert_eq!(status, 200, "{body}");
+        }
+    });
+    // The capture is open by now.
+    std::thread::sleep(Duration::from_secs(1));
+    ex.signal("TERM");
+    let status = ex.wait(Duration::from_secs(30));
+    let (out, err) = (ex.stdout(), ex.stderr());
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "not stopped within 30 s of SIGTERM with a 60 s capture open: {status:?}\n{out}\n{err}"
+    );
+    let (status, body) = rt
+        .block_on(capture)
+        .unwrap()
+        .expect("the capture was answered");
+    assert_eq!(status, 200, "{body}");
+    let stopped = out
+        .lines()
+        .find(|l| l.starts_with("stopped"))
+        .unwrap_or_else(|| panic!("a `stopped` line:\n{out}"));
+    assert!(stopped.contains("requests drained"), "{stopped}");
+    assert!(stopped.contains("spans flushed"), "{stopped}");
+}
+
+/// A collector that is down for a while: the example says so once as it begins and
+/// once as it ends, and its `stopped` line does not claim the spans were flushed.
+#[test]
+fn a_span_collector_outage_is_logged_and_not_called_flushed() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // Reserve a port, then free it: the collector is down for now.
+    let addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let mut ex = Example::spawn(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--viewer",
+            "127.0.0.1:0",
+            "--load",
+            "0",
+        ],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &format!("http://{addr}")),
+            ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+        ],
+    );
+    let (api, _, _) = ex.addresses();
+    let checkouts = |from: u64| {
+        rt.block_on(async {
+            for i in from..from + 3 {
+                let (status, body) = checkout(api, i).await.unwrap();
+                assert_eq!(status, 200, "{body}");
+            }
+        })
+    };
+    checkouts(0);
+    let end = Instant::now() + Duration::from_secs(30);
+    while !ex.stderr().contains("span export is failing") && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The collector comes up; later spans get through.
+    let collector = Collector::default();
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+        let me = collector.clone();
+        tokio::spawn(async move {
+            use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer;
+            tonic::transport::Server::builder()
+                .add_service(TraceServiceServer::new(me))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await
+                .unwrap();
+        });
+    });
+    let end = Instant::now() + Duration::from_secs(30);
+    let mut seed = 10;
+    while collector.spans().is_empty() && Instant::now() < end {
+        checkouts(seed);
+        seed += 3;
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    ex.signal("TERM");
+    let status = ex.wait(Duration::from_secs(30));
+    let (out, err) = (ex.stdout(), ex.stderr());
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}\n{out}\n{err}"
+    );
+    let warned = |needle: &str| {
+        err.lines()
+            .filter(|l| l.contains(" WARN ") && l.contains(needle))
+            .count()
+    };
+    assert_eq!(warned("span export is failing"), 1, "{err}");
+    assert_eq!(warned("span export recovered"), 1, "{err}");
+    let stopped = out
+        .lines()
+        .find(|l| l.starts_with("stopped"))
+        .unwrap_or_else(|| panic!("a `stopped` line:\n{out}"));
+    assert!(
+        !stopped.contains("spans flushed") && stopped.contains("lost"),
+        "{stopped}"
+    );
+}

@@ -61,6 +61,7 @@ impl Example {
         cmd.args(args)
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .env_remove("PYROSCOPE_SERVER_ADDRESS")
+            .env_remove("RUST_LOG")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
