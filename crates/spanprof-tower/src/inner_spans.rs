@@ -7,7 +7,7 @@
 //! all eight are held, the layer keeps that span's state in the span's extensions
 //! instead (as every span's was before), counted in [`overflowed`].
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use spanprof_core::{PollTimer, SpanLabels};
@@ -34,6 +34,9 @@ const WINDOW: usize = 8;
 struct Ids([AtomicU64; WINDOW]);
 
 struct Table {
+    /// Places held per bucket: a span of an empty bucket (most, with few spans open)
+    /// is not there, known from one byte.
+    held: Box<[AtomicU8]>,
     ids: Box<[Ids]>,
     places: Box<[Mutex<Option<Entry>>]>,
     /// Serialises inserts into one bucket, so a span first entered on two threads at
@@ -42,6 +45,7 @@ struct Table {
 }
 
 static TABLE: LazyLock<Table> = LazyLock::new(|| Table {
+    held: (0..PLACES / WINDOW).map(|_| AtomicU8::new(0)).collect(),
     ids: (0..PLACES / WINDOW)
         .map(|_| Ids(std::array::from_fn(|_| AtomicU64::new(0))))
         .collect(),
@@ -71,8 +75,12 @@ fn lock(place: usize) -> MutexGuard<'static, Option<Entry>> {
 }
 
 /// The place holding span `id`, locked, if any.
+#[inline]
 fn find(id: u64) -> Option<MutexGuard<'static, Option<Entry>>> {
     let b = bucket(id);
+    if TABLE.held[b].load(Ordering::Acquire) == 0 {
+        return None;
+    }
     let ids = &TABLE.ids[b].0;
     (0..WINDOW).find_map(|k| {
         if ids[k].load(Ordering::Acquire) != id {
@@ -113,7 +121,9 @@ pub(crate) fn insert<R>(
         }
         let e = held.insert(entry);
         let r = f(e);
-        // Published once the entry is in place (and still under its lock).
+        // Published once the entry is in place (and still under its lock), the
+        // bucket's count first.
+        TABLE.held[b].fetch_add(1, Ordering::Release);
         place_id.store(id, Ordering::Release);
         return Ok(r);
     }
@@ -125,6 +135,9 @@ pub(crate) fn insert<R>(
 /// place's lock.
 pub(crate) fn remove(id: u64) -> Option<Entry> {
     let b = bucket(id);
+    if TABLE.held[b].load(Ordering::Acquire) == 0 {
+        return None;
+    }
     let ids = &TABLE.ids[b].0;
     let k = (0..WINDOW).find(|&k| ids[k].load(Ordering::Acquire) == id)?;
     let mut held = lock(b * WINDOW + k);
@@ -132,6 +145,7 @@ pub(crate) fn remove(id: u64) -> Option<Entry> {
         return None;
     }
     ids[k].store(0, Ordering::Relaxed);
+    TABLE.held[b].fetch_sub(1, Ordering::Release);
     held.take()
 }
 

@@ -4,7 +4,7 @@
 //! exporting thread writes them. Bounded: a fixed table; when every place a span may
 //! take is held, the oldest holder goes, counted.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use spanprof_core::{Hotness, SpanLabels};
@@ -101,6 +101,9 @@ struct Place(Mutex<Held>);
 /// whenever the batch thread held the lock of a sixteenth of all spans, and the maps'
 /// lines moved between the cores at every span; docs/overhead-history.md, 14.)
 struct Table {
+    /// Places held per bucket: a span of an empty bucket (most: only spans that
+    /// received a sample are tracked) is not there, known from one byte.
+    held: Box<[AtomicU8]>,
     ids: Box<[Ids]>,
     places: Box<[Place]>,
 }
@@ -133,6 +136,7 @@ impl Slot {
 /// the request, and glibc then had the workers wait on their arenas' locks
 /// (docs/overhead-history.md, 9.).
 static TABLE: LazyLock<Table> = LazyLock::new(|| Table {
+    held: (0..SLOTS / WINDOW).map(|_| AtomicU8::new(0)).collect(),
     ids: (0..SLOTS / WINDOW)
         .map(|_| Ids(std::array::from_fn(|_| AtomicU64::new(0))))
         .collect(),
@@ -179,23 +183,44 @@ fn home(span_id: u64) -> usize {
         * WINDOW
 }
 
+/// The count of places held in place `i`'s bucket.
+fn held_in_bucket_of(i: usize) -> &'static AtomicU8 {
+    &TABLE.held[i / WINDOW]
+}
+
+/// Whether `span_id`'s bucket holds no span (so neither does it).
+#[inline]
+fn bucket_empty(span_id: u64) -> bool {
+    held_in_bucket_of(home(span_id)).load(Ordering::Acquire) == 0
+}
+
 /// The place holding `span_id`, looked up without a lock (it may be taken at once).
 fn place_of(span_id: u64) -> Option<usize> {
+    if bucket_empty(span_id) {
+        return None;
+    }
     window(span_id).find(|&i| slot(i).id.load(Ordering::Relaxed) == span_id)
 }
 
 /// The place holding `span_id`, locked, if any.
 fn find(span_id: u64) -> Option<MutexGuard<'static, Held>> {
+    if bucket_empty(span_id) {
+        return None;
+    }
     window(span_id).find_map(|i| slot(i).lock_if(span_id))
 }
 
 /// Empties every place holding `span_id` (one, but for a span tracked on two threads
 /// at once) and returns what the first held.
 fn remove(span_id: u64) -> Option<State> {
+    if bucket_empty(span_id) {
+        return None;
+    }
     let mut first = None;
     for slot in window(span_id).map(slot) {
         if let Some(mut held) = slot.lock_if(span_id) {
             slot.id.store(0, Ordering::Relaxed);
+            held_in_bucket_of(home(span_id)).fetch_sub(1, Ordering::Release);
             let state = std::mem::replace(&mut held.state, State::Empty);
             #[cfg(test)]
             tests::under_lock();
@@ -297,6 +322,10 @@ pub(crate) fn track(labels: &SpanLabels) {
 
 /// Puts `labels` in `slot` (locked: `held`) and returns what it held, unlocked.
 fn put(slot: Slot, mut held: MutexGuard<'_, Held>, labels: &SpanLabels, epoch: u32) -> Held {
+    if slot.id.load(Ordering::Relaxed) == 0 {
+        // An empty place is taken: counted before the id is there to find.
+        held_in_bucket_of(home(labels.span_id())).fetch_add(1, Ordering::Release);
+    }
     slot.id.store(labels.span_id(), Ordering::Relaxed);
     std::mem::replace(
         &mut *held,
@@ -362,7 +391,7 @@ fn touch(ids: &[u64]) {
 /// Removes ended spans stamped more than [`STALE_AFTER_EXPORTS`] exports before
 /// `epoch`, counted in [`ended_unexported`].
 fn sweep(epoch: u32) {
-    for slot in slots() {
+    for (i, slot) in slots().enumerate() {
         if slot.id.load(Ordering::Relaxed) == 0 {
             continue;
         }
@@ -371,6 +400,7 @@ fn sweep(epoch: u32) {
             && epoch.wrapping_sub(held.epoch) > STALE_AFTER_EXPORTS
         {
             slot.id.store(0, Ordering::Relaxed);
+            held_in_bucket_of(i).fetch_sub(1, Ordering::Release);
             held.state = State::Empty;
             UNEXPORTED.fetch_add(1, Ordering::Relaxed);
         }
