@@ -7,6 +7,7 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{BatchSpanProcessor, SdkTracerProvider};
 use spanprof::viewer::{DEFAULT_MAX_TRACES, RecentSpans, Viewer, ViewerThread};
 use spanprof::{ProfileCorrelationLayer, Profiler, SpanProfileLayer, SpanProfileProcessor};
+use tower::ServiceBuilder;
 use tower_http::trace::{DefaultMakeSpan, TraceLayer};
 use tracing_subscriber::{EnvFilter, prelude::*};
 
@@ -54,15 +55,17 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     println!("viewer http://{}/debug/spanprof/", viewer.local_addr());
 
-    // 5. The one line in the service, inside TraceLayer (with axum the last layer added
-    //    is the outermost). TraceLayer's spans are DEBUG by default: make them INFO.
-    let app = Router::new()
-        .route("/hash", get(hash))
-        .layer(ProfileCorrelationLayer::new())
-        .layer(
-            TraceLayer::new_for_http()
-                .make_span_with(DefaultMakeSpan::new().level(tracing::Level::INFO)),
-        );
+    // 5. The one layer in the service, inside TraceLayer, in one ServiceBuilder (axum
+    //    boxes each route once per `.layer` call). TraceLayer's spans are DEBUG by
+    //    default: make them INFO.
+    let app = Router::new().route("/hash", get(hash)).layer(
+        ServiceBuilder::new()
+            .layer(
+                TraceLayer::new_for_http()
+                    .make_span_with(DefaultMakeSpan::new().level(tracing::Level::INFO)),
+            )
+            .layer(ProfileCorrelationLayer::new()),
+    );
     let listener = tokio::net::TcpListener::bind(address("ADDR", "127.0.0.1:3000")).await?;
     println!(
         "service http://{}/hash (Ctrl-C stops)",

@@ -399,10 +399,9 @@ fn an_axum_request_no_sample_lands_in_allocates_nothing_more_than_the_stack() {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = listener.local_addr().unwrap();
             tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-            let client = hyper_util::client::legacy::Client::builder(
-                hyper_util::rt::TokioExecutor::new(),
-            )
-            .build_http::<http_body_util::Full<bytes::Bytes>>();
+            let client =
+                hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                    .build_http::<http_body_util::Full<bytes::Bytes>>();
             let call = || async {
                 let request = http::Request::post(format!("http://{addr}/api/orders"))
                     .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
