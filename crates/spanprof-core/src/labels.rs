@@ -187,6 +187,7 @@ impl SpanLabels {
             .root_span_id(self.record.ids.root_span_id)
             .span_name_id(span_name)
             .route_id(self.record.ids.route)
+            .trace_flags(self.record.trace_flags)
             .hot(self.hotness());
         b.slow_deadline_ns = self.record.slow_deadline_ns;
         b.high_ns = self.record.high_ns;
@@ -252,6 +253,7 @@ pub struct SpanLabelsBuilder {
     slow_deadline_ns: u64,
     high_ns: u64,
     root: Option<RecordRef>,
+    trace_flags: u8,
 }
 
 impl fmt::Debug for SpanLabelsBuilder {
@@ -292,6 +294,13 @@ impl SpanLabelsBuilder {
     /// Sets the 64-bit span id.
     pub fn span_id(mut self, id: u64) -> Self {
         self.span_id = id;
+        self
+    }
+
+    /// Sets the W3C trace flags of the span (bit 0: sampled). Defaults to 0. Published
+    /// to outside profilers with the feature `otel-thread-ctx`.
+    pub fn trace_flags(mut self, flags: u8) -> Self {
+        self.trace_flags = flags;
         self
     }
 
@@ -342,14 +351,26 @@ impl SpanLabelsBuilder {
     /// Builds the labels: one record from the pool (allocated only when the pool has
     /// none free).
     pub fn build(self) -> SpanLabels {
+        let span_name = self.span_name.unwrap_or(NameId::NONE);
+        let route = self.route.unwrap_or(NameId::NONE);
         SpanLabels::owning(RecordRef::new(LabelRecord {
+            #[cfg(spanprof_otel_ctx)]
+            otel: crate::record::ThreadCtxRecord::new(
+                self.trace_id,
+                self.span_id,
+                self.trace_flags,
+                [
+                    (crate::otel_ctx::KEY_ROUTE, intern::name_of(route)),
+                    (crate::otel_ctx::KEY_SPAN_NAME, intern::name_of(span_name)),
+                ],
+            ),
             ids: LabelIds {
                 trace_id: self.trace_id,
                 span_id: self.span_id,
                 parent_span_id: self.parent_span_id,
                 root_span_id: self.root_span_id.unwrap_or(self.span_id),
-                span_name: self.span_name.unwrap_or(NameId::NONE),
-                route: self.route.unwrap_or(NameId::NONE),
+                span_name,
+                route,
             },
             state: AtomicU8::new(self.hot as u8),
             owners: AtomicUsize::new(0),
@@ -363,6 +384,7 @@ impl SpanLabelsBuilder {
             max_poll_ns: AtomicU64::new(0),
             flags: AtomicU8::new(0),
             refs: AtomicUsize::new(0),
+            trace_flags: self.trace_flags,
         }))
     }
 }

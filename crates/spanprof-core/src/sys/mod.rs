@@ -9,6 +9,10 @@
 #![allow(unsafe_code)]
 
 pub(crate) mod pool;
+#[cfg(spanprof_otel_ctx)]
+pub(crate) mod process_ctx;
+#[cfg(spanprof_otel_ctx)]
+pub(crate) mod thread_ctx;
 #[cfg(feature = "testing")]
 mod quarantine;
 pub(crate) mod ring;
