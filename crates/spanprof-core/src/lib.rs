@@ -92,6 +92,14 @@ pub fn hold_name_interner_for_test() -> intern::InternerHeld {
     intern::hold()
 }
 
+/// Forks a child that sleeps `secs` seconds and exits; returns its pid. For tests of
+/// what a child process inherits.
+#[doc(hidden)]
+#[cfg(all(target_os = "linux", feature = "testing"))]
+pub fn fork_sleeping_child_for_test(secs: u32) -> i32 {
+    sys::fork_sleeping_child(secs)
+}
+
 /// The frame limit of one sample: deeper stacks are cut and marked
 /// `[truncated: stack deeper than the unwind limit]`.
 pub const MAX_FRAMES: usize = sys::MAX_FRAMES;

@@ -213,3 +213,20 @@ pub(crate) fn dlopen_symbol(lib: &std::ffi::CStr, sym: &std::ffi::CStr) -> Optio
     let addr = unsafe { libc::dlsym(handle, sym.as_ptr()) } as u64;
     (addr != 0).then_some(addr)
 }
+
+/// Forks this process; the child only sleeps `secs` seconds and exits (nothing but
+/// async-signal-safe calls, as a child of a threaded process must), the parent gets
+/// its pid (-1 on failure). For tests of what a child inherits.
+#[cfg(all(target_os = "linux", feature = "testing"))]
+pub fn fork_sleeping_child(secs: u32) -> i32 {
+    // SAFETY: in the child only `sleep` and `_exit` run, both async-signal-safe; no
+    // lock, allocation or destructor of the parent's state is touched there.
+    unsafe {
+        let pid = libc::fork();
+        if pid == 0 {
+            libc::sleep(secs);
+            libc::_exit(0);
+        }
+        pid
+    }
+}
