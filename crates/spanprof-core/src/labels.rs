@@ -96,6 +96,19 @@ impl SpanLabels {
         end(&self.record);
     }
 
+    /// Withdraws these labels from OpenTelemetry's thread context (feature
+    /// `otel-thread-ctx`): from now on a profiler outside the process reads their
+    /// record as invalid, whichever thread polls them, while spanprof's own samples
+    /// still carry them until the span ends. For the end of a request's work, which
+    /// comes before its span's end (`ProfileCorrelationLayer` calls it when the
+    /// response is complete): OpenTelemetry stamps a span's end at its last exit,
+    /// and a task the request spawned may still be inside its last poll then.
+    /// Does nothing without the feature.
+    pub fn withdraw_thread_context(&self) {
+        #[cfg(spanprof_otel_ctx)]
+        self.record.otel.valid.store(0, Ordering::Release);
+    }
+
     /// Whether the span has ended.
     pub fn is_ended(&self) -> bool {
         self.record.state.load(Ordering::Acquire) & ENDED != 0
@@ -353,11 +366,14 @@ impl SpanLabelsBuilder {
     pub fn build(self) -> SpanLabels {
         let span_name = self.span_name.unwrap_or(NameId::NONE);
         let route = self.route.unwrap_or(NameId::NONE);
+        let root_span_id = self.root_span_id.unwrap_or(self.span_id);
         SpanLabels::owning(RecordRef::new(LabelRecord {
+            // The local root's ids, and the name of the span itself (docs/design.md,
+            // "OpenTelemetry's thread context").
             #[cfg(spanprof_otel_ctx)]
             otel: crate::record::ThreadCtxRecord::new(
                 self.trace_id,
-                self.span_id,
+                root_span_id,
                 self.trace_flags,
                 [
                     (crate::otel_ctx::KEY_ROUTE, intern::name_of(route)),
@@ -368,7 +384,7 @@ impl SpanLabelsBuilder {
                 trace_id: self.trace_id,
                 span_id: self.span_id,
                 parent_span_id: self.parent_span_id,
-                root_span_id: self.root_span_id.unwrap_or(self.span_id),
+                root_span_id,
                 span_name,
                 route,
             },
