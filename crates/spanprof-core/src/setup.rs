@@ -59,6 +59,46 @@ so tasks a request spawns are not labelled and idle runtime threads are not samp
 build the runtime with let mut b = tokio::runtime::Builder::new_multi_thread(); spanprof::install_runtime_hooks(&mut b); \
 let rt = b.enable_all().build()?; and run your server with rt.block_on(...)";
 
+/// Unlabelled samples under one unprofiled span before it is reported (about half a
+/// second of CPU at the default baseline), and the share of its samples they must be.
+const UNPROFILED_MIN_SAMPLES: u64 = 50;
+
+/// Whether `unlabelled` and `labelled` samples under one span make it CPU-heavy work
+/// nothing profiles: at least [`UNPROFILED_MIN_SAMPLES`], and nine in ten.
+pub(crate) fn is_unprofiled_work(unlabelled: u64, labelled: u64) -> bool {
+    unlabelled >= UNPROFILED_MIN_SAMPLES && unlabelled >= 9 * labelled
+}
+
+static UNPROFILED_WARNED: AtomicBool = AtomicBool::new(false);
+
+/// For tracing layers (`SpanProfileLayer`): span `id`, of callsite `meta`, is entered
+/// on this thread outside labelled work, and nothing profiles it. Samples taken under
+/// it are counted per callsite; one whose CPU goes mostly unlabelled is reported once.
+#[inline]
+pub fn enter_unprofiled_span(id: u64, meta: &'static tracing::Metadata<'static>) {
+    crate::sys::slot::enter_outer_span(id, meta);
+}
+
+/// Undoes [`enter_unprofiled_span`] as span `id` is exited.
+#[inline]
+pub fn exit_unprofiled_span(id: u64) {
+    crate::sys::slot::exit_outer_span(id);
+}
+
+/// Logs, once per process, that `samples` CPU samples landed unlabelled under spans
+/// named `name` (target `target`) that nothing profiles, naming the fix.
+pub(crate) fn report_unprofiled_span(name: &str, target: &str, samples: u64) {
+    if UNPROFILED_WARNED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    tracing::warn!(
+        "spanprof: {samples} CPU samples landed in tracing spans `{name}` (target {target}), entered outside any \
+request, and no profile covers them (background jobs, consumers and start-up work get no labels by themselves). \
+Profile such spans with SpanProfileLayer::new().profile_roots(\"{name}\", RoutePolicy::new()) (docs/layer.md, \
+\"Background jobs and other work outside requests\")."
+    );
+}
+
 const FRAME_POINTERS: u8 = 1;
 const TOKIO_UNSTABLE: u8 = 2;
 const RUNTIME_HOOKS: u8 = 4;

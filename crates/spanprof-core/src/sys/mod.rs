@@ -9,6 +9,7 @@
 #![allow(unsafe_code)]
 
 pub(crate) mod pool;
+pub(crate) use slot::outer_span_metadata;
 #[cfg(feature = "testing")]
 mod quarantine;
 pub(crate) mod ring;
