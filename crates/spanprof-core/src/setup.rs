@@ -8,13 +8,14 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 /// Logged when stacks are walked by frame pointers (where there is no DWARF
 /// unwinder: not x86_64) and the build has none (checked at [`crate::Profiler`] start);
-/// followed by [`rustflags_cause`].
+/// followed by the name of the variable that replaced the config's flags, if any.
 pub const NO_FRAME_POINTERS: &str = "spanprof: this build has no frame pointers, and on this architecture stacks are walked by them, so profile stacks stop after one or two frames. \
 Build with frame pointers: in .cargo/config.toml, [build] rustflags = [\"-C\", \"force-frame-pointers=yes\", \"--cfg\", \"tokio_unstable\"].";
 
 /// Logged when spanprof is built without `--cfg tokio_unstable` (at
 /// [`crate::install_runtime_hooks`], or when a runtime without the hooks polls
-/// labelled work); followed by [`rustflags_cause`].
+/// labelled work); followed by the name of the variable that replaced the
+/// config's flags, if any.
 pub const NO_TOKIO_UNSTABLE: &str = "spanprof: built without `--cfg tokio_unstable`, so tasks spawned by a request (tokio::spawn) do not inherit its labels \
 and their CPU is not attributed to it. Add the cfg for the whole build: in .cargo/config.toml, [build] rustflags = [\"--cfg\", \"tokio_unstable\"].";
 
