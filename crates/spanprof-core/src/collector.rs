@@ -42,6 +42,9 @@ struct Drained {
     addrs: Box<[u64]>,
     time_ns: u64,
     weight_ns: u64,
+    /// The callsite of the innermost unprofiled `tracing` span the sample was taken
+    /// under (0: none).
+    outer_span: usize,
 }
 
 impl Drained {
@@ -126,6 +129,41 @@ fn compact(s: &RawSample) -> Drained {
         addrs: addrs.into(),
         time_ns: s.time_ns,
         weight_ns: s.weight_ns,
+        outer_span: s.outer_span,
+    }
+}
+
+/// Samples taken under `tracing` spans entered outside labelled work, per callsite:
+/// (unlabelled, labelled). Spans most of whose samples are unlabelled are CPU-heavy
+/// work nothing profiles (background jobs); a request span has the layer's labels
+/// pushed inside it, so most of its samples are labelled.
+#[derive(Default)]
+struct UnprofiledSpans(crate::cache::FastMap<usize, (u64, u64)>);
+
+impl UnprofiledSpans {
+    /// Spans counted at once; past it the counts start over.
+    const MAX: usize = 1024;
+
+    fn count(&mut self, batch: &[Drained]) {
+        for d in batch.iter().filter(|d| d.outer_span != 0) {
+            if self.0.len() >= Self::MAX && !self.0.contains_key(&d.outer_span) {
+                self.0.clear();
+            }
+            let c = self.0.entry(d.outer_span).or_default();
+            if d.labels.is_some() {
+                c.1 += 1;
+            } else {
+                c.0 += 1;
+            }
+        }
+        if let Some((&callsite, &(unlabelled, _))) = self
+            .0
+            .iter()
+            .find(|&(_, &(u, l))| crate::setup::is_unprofiled_work(u, l))
+            && let Some(meta) = sys::outer_span_metadata(callsite)
+        {
+            crate::setup::report_unprofiled_span(meta.name(), meta.target(), unlabelled);
+        }
     }
 }
 
@@ -242,6 +280,7 @@ fn process(
     let mut stacks = StackCache::new(STACK_CACHE_EIGHTHS * eighth);
     let mut labels_cache: LabelsCache =
         BoundedCache::new(cache_bytes - (STACK_CACHE_EIGHTHS + SYMBOL_CACHE_EIGHTHS) * eighth);
+    let mut unprofiled = UnprofiledSpans::default();
     loop {
         let batch: Vec<Drained> = {
             let mut q = shared.lock();
@@ -270,6 +309,7 @@ fn process(
             q.samples.drain(..).collect()
         };
         crate::setup::emit_pending();
+        unprofiled.count(&batch);
         // Symbolize outside the store's lock, so queries never wait for DWARF parsing:
         // the batch's new addresses in one call, then each stack from the caches.
         symbolizer.prefetch(
@@ -408,6 +448,7 @@ mod tests {
             hot,
             flags,
             depth: frames.len() as u32,
+            outer_span: 0,
             frames: [0; crate::sys::MAX_FRAMES],
         };
         s.frames[..frames.len()].copy_from_slice(frames);

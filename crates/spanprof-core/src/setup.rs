@@ -7,17 +7,51 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 /// Logged when stacks are walked by frame pointers (where there is no DWARF
-/// unwinder: not x86_64) and the build has none (checked at [`crate::Profiler`] start).
+/// unwinder: not x86_64) and the build has none (checked at [`crate::Profiler`] start);
+/// followed by the name of the variable that replaced the config's flags, if any.
 pub const NO_FRAME_POINTERS: &str = "spanprof: this build has no frame pointers, and on this architecture stacks are walked by them, so profile stacks stop after one or two frames. \
-Build with frame pointers: in .cargo/config.toml, [build] rustflags = [\"-C\", \"force-frame-pointers=yes\", \"--cfg\", \"tokio_unstable\"] \
-(a RUSTFLAGS variable in the environment replaces that list: add the flags to it too)";
+Build with frame pointers: in .cargo/config.toml, [build] rustflags = [\"-C\", \"force-frame-pointers=yes\", \"--cfg\", \"tokio_unstable\"].";
 
 /// Logged when spanprof is built without `--cfg tokio_unstable` (at
 /// [`crate::install_runtime_hooks`], or when a runtime without the hooks polls
-/// labelled work).
+/// labelled work); followed by the name of the variable that replaced the
+/// config's flags, if any.
 pub const NO_TOKIO_UNSTABLE: &str = "spanprof: built without `--cfg tokio_unstable`, so tasks spawned by a request (tokio::spawn) do not inherit its labels \
-and their CPU is not attributed to it. Add the cfg for the whole build: in .cargo/config.toml, \
-[build] rustflags = [\"--cfg\", \"tokio_unstable\"] (a RUSTFLAGS variable in the environment replaces that list: add the flag to it too)";
+and their CPU is not attributed to it. Add the cfg for the whole build: in .cargo/config.toml, [build] rustflags = [\"--cfg\", \"tokio_unstable\"].";
+
+/// The environment variable this build's rustc flags came from, if one was set (in
+/// cargo's order: the first set wins and the others, `.cargo/config.toml`'s
+/// `build.rustflags` included, are ignored).
+pub(crate) fn rustflags_variable() -> Option<&'static str> {
+    if option_env!("CARGO_ENCODED_RUSTFLAGS").is_some() {
+        Some("CARGO_ENCODED_RUSTFLAGS")
+    } else if option_env!("RUSTFLAGS").is_some() {
+        Some("RUSTFLAGS")
+    } else if let Some(var) = option_env!("SPANPROF_TARGET_RUSTFLAGS_VAR") {
+        Some(var)
+    } else if option_env!("CARGO_BUILD_RUSTFLAGS").is_some() {
+        Some("CARGO_BUILD_RUSTFLAGS")
+    } else {
+        None
+    }
+}
+
+/// Why a flag from `.cargo/config.toml` can be missing from the build, for the
+/// warnings about one: the environment variable that replaced the config's list when
+/// one was set (named, its value not logged), else the two ways the config is missed.
+pub(crate) fn rustflags_cause(variable: Option<&str>) -> String {
+    match variable {
+        Some(var) => format!(
+            " This build took its rustc flags from the {var} environment variable, which replaces \
+.cargo/config.toml's build.rustflags (cargo uses the first of CARGO_ENCODED_RUSTFLAGS, RUSTFLAGS, \
+CARGO_TARGET_<triple>_RUSTFLAGS, build.rustflags): add the flags to {var} as well."
+        ),
+        None => " No RUSTFLAGS-like variable was set for this build: cargo looks for .cargo/config.toml \
+from the directory it runs in (not from --manifest-path's), and target.<triple>.rustflags there replace \
+build.rustflags."
+            .to_owned(),
+    }
+}
 
 /// Logged when labelled work is polled inside a task of a tokio runtime that was not
 /// built with [`crate::install_runtime_hooks`].
@@ -33,6 +67,46 @@ pub const THREAD_CTX_NOT_EXPORTED: &str = "spanprof: the feature otel-thread-ctx
 /// Logged at start with the feature `otel-thread-ctx` where it does nothing (it is
 /// implemented on Linux on x86_64).
 pub const THREAD_CTX_UNSUPPORTED: &str = "spanprof: the feature otel-thread-ctx publishes nothing on this target: OpenTelemetry's thread and process context are implemented on Linux on x86_64 only";
+
+/// Unlabelled samples under one unprofiled span before it is reported (about half a
+/// second of CPU at the default baseline), and the share of its samples they must be.
+const UNPROFILED_MIN_SAMPLES: u64 = 50;
+
+/// Whether `unlabelled` and `labelled` samples under one span make it CPU-heavy work
+/// nothing profiles: at least [`UNPROFILED_MIN_SAMPLES`], and nine in ten.
+pub(crate) fn is_unprofiled_work(unlabelled: u64, labelled: u64) -> bool {
+    unlabelled >= UNPROFILED_MIN_SAMPLES && unlabelled >= 9 * labelled
+}
+
+static UNPROFILED_WARNED: AtomicBool = AtomicBool::new(false);
+
+/// For tracing layers (`SpanProfileLayer`): span `id`, of callsite `meta`, is entered
+/// on this thread outside labelled work, and nothing profiles it. Samples taken under
+/// it are counted per callsite; one whose CPU goes mostly unlabelled is reported once.
+#[inline]
+pub fn enter_unprofiled_span(id: u64, meta: &'static tracing::Metadata<'static>) {
+    crate::sys::slot::enter_outer_span(id, meta);
+}
+
+/// Undoes [`enter_unprofiled_span`] as span `id` is exited.
+#[inline]
+pub fn exit_unprofiled_span(id: u64) {
+    crate::sys::slot::exit_outer_span(id);
+}
+
+/// Logs, once per process, that `samples` CPU samples landed unlabelled under spans
+/// named `name` (target `target`) that nothing profiles, naming the fix.
+pub(crate) fn report_unprofiled_span(name: &str, target: &str, samples: u64) {
+    if UNPROFILED_WARNED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    tracing::warn!(
+        "spanprof: {samples} CPU samples landed in tracing spans `{name}` (target {target}), entered outside any \
+request, and no profile covers them (background jobs, consumers and start-up work get no labels by themselves). \
+Profile such spans with SpanProfileLayer::new().profile_roots(\"{name}\", RoutePolicy::new()) (docs/layer.md, \
+\"Background jobs and other work outside requests\")."
+    );
+}
 
 const FRAME_POINTERS: u8 = 1;
 const TOKIO_UNSTABLE: u8 = 2;
@@ -120,8 +194,13 @@ pub(crate) fn emit_pending() {
         (THREAD_CTX, THREAD_CTX_NOT_EXPORTED),
         (THREAD_CTX_TARGET, THREAD_CTX_UNSUPPORTED),
     ] {
-        if fresh & bit != 0 {
+        if fresh & bit == 0 {
+            continue;
+        }
+        if bit == RUNTIME_HOOKS || bit == THREAD_CTX_TARGET {
             tracing::warn!("{message}");
+        } else {
+            tracing::warn!("{message}{}", rustflags_cause(rustflags_variable()));
         }
     }
 }
@@ -181,6 +260,35 @@ pub(crate) fn thread_registered_lazily() {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_missing_flag_is_blamed_on_the_variable_that_replaced_the_config() {
+        // Docker images and CI systems set RUSTFLAGS (`-D warnings`), which makes cargo
+        // ignore .cargo/config.toml's build.rustflags: the warning must say so, not ask
+        // for the config line the user already has.
+        let cause = super::rustflags_cause(Some("RUSTFLAGS"));
+        assert!(
+            cause.contains("from the RUSTFLAGS environment variable"),
+            "{cause}"
+        );
+        assert!(
+            cause.contains("replaces .cargo/config.toml's build.rustflags"),
+            "{cause}"
+        );
+        assert!(cause.contains("add the flags to RUSTFLAGS"), "{cause}");
+        let cause = super::rustflags_cause(None);
+        assert!(cause.contains("--manifest-path"), "{cause}");
+        assert!(cause.contains("target.<triple>.rustflags"), "{cause}");
+        // This build: the project's own tests set the flags in .cargo/config.toml,
+        // scripts/test's second pass through RUSTFLAGS.
+        let expected = std::env::var("SPANPROF_EXPECT_RUSTFLAGS_VAR").ok();
+        if let Some(expected) = expected {
+            assert_eq!(
+                super::rustflags_variable(),
+                (!expected.is_empty()).then_some(expected.as_str())
+            );
+        }
+    }
+
     #[test]
     fn a_build_without_frame_pointers_is_reported_only_where_they_are_walked() {
         use crate::Unwinding::{DwarfCfi, FramePointers};

@@ -29,4 +29,4 @@ pub use processor::{
     ATTR_POLLS, ATTR_PROFILE_ID, SpanProfileProcessor,
 };
 pub use registry::{MAX_TRACKED_SPANS, ended_unexported, scope, tracking_evicted};
-pub use tracing_layer::SpanProfileLayer;
+pub use tracing_layer::{SpanProfileLayer, SpanSelector};

@@ -2,8 +2,10 @@
 //! inner `tracing` span being entered, so an inner span such as `calculate_total`
 //! has its own span-scoped profile while its local root's profile still includes it.
 
+use std::borrow::Cow;
+
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
-use spanprof_core::{NameId, PollTimer};
+use spanprof_core::{NameId, PollTimer, SpanLabels};
 use tracing::Subscriber;
 use tracing::span::{Attributes, Id};
 use tracing_subscriber::layer::Context;
@@ -11,6 +13,7 @@ use tracing_subscriber::registry::LookupSpan;
 
 use crate::inner_spans::{self, Entry};
 use crate::otel_context::{AttachedContext, Place, SpanIds};
+use crate::policy::RoutePolicy;
 use crate::registry;
 
 /// Narrows span labels on `tracing` span enter and exit.
@@ -39,9 +42,57 @@ use crate::registry;
 ///     .with(spanprof_tower::SpanProfileLayer::new());
 /// # drop(subscriber);
 /// ```
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub struct SpanProfileLayer {
-    _private: (),
+    /// Spans that start a profile of their own when created outside labelled work.
+    roots: Vec<(SpanSelector, RoutePolicy)>,
+}
+
+/// Which `tracing` spans [`SpanProfileLayer::profile_roots`] selects: by name, by
+/// target (a module path and the modules under it), or by level (that level and the
+/// more severe ones). Only names and static metadata are read, never field values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SpanSelector {
+    /// Spans of this name (`info_span!("job")`, `#[instrument]`'s function name).
+    Name(Cow<'static, str>),
+    /// Spans whose target is this module path or one under it.
+    Target(Cow<'static, str>),
+    /// Spans of this level or a more severe one (`Level::INFO`: INFO, WARN, ERROR).
+    Level(tracing::Level),
+}
+
+impl SpanSelector {
+    fn matches(&self, meta: &tracing::Metadata<'_>) -> bool {
+        match self {
+            SpanSelector::Name(n) => meta.name() == n,
+            SpanSelector::Target(t) => meta
+                .target()
+                .strip_prefix(&**t)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with("::")),
+            SpanSelector::Level(l) => meta.level() <= l,
+        }
+    }
+}
+
+impl From<&'static str> for SpanSelector {
+    /// A span name.
+    fn from(name: &'static str) -> Self {
+        SpanSelector::Name(Cow::Borrowed(name))
+    }
+}
+
+impl From<String> for SpanSelector {
+    /// A span name.
+    fn from(name: String) -> Self {
+        SpanSelector::Name(Cow::Owned(name))
+    }
+}
+
+impl From<tracing::Level> for SpanSelector {
+    fn from(level: tracing::Level) -> Self {
+        SpanSelector::Level(level)
+    }
 }
 
 impl SpanProfileLayer {
@@ -51,7 +102,27 @@ impl SpanProfileLayer {
         // in the first request's span.
         PollTimer::calibrate();
         inner_spans::init();
-        SpanProfileLayer { _private: () }
+        SpanProfileLayer { roots: Vec::new() }
+    }
+
+    /// Profiles the spans `selector` picks that are created outside any request (or
+    /// other labelled work): background jobs, queue consumers, cron tasks, start-up
+    /// work. Each such span becomes a local root of its own, as a request is: labels
+    /// from its OpenTelemetry ids on every poll of the work it is entered around, its
+    /// inner spans and the tasks it spawns under it, `pyroscope.profile.id` and the
+    /// `spanprof.*` figures through [`crate::SpanProfileProcessor`], and `policy`'s
+    /// sample rate, slow threshold and high rate. The route and the span name of its
+    /// samples are the span's name. Selectors are tried in the order added; a span
+    /// created inside labelled work stays an inner span of that work.
+    ///
+    /// ```
+    /// use spanprof_tower::{RoutePolicy, SpanProfileLayer};
+    /// let layer = SpanProfileLayer::new().profile_roots("job", RoutePolicy::new().sample_rate(1.0));
+    /// # drop(layer);
+    /// ```
+    pub fn profile_roots(mut self, selector: impl Into<SpanSelector>, policy: RoutePolicy) -> Self {
+        self.roots.push((selector.into(), policy));
+        self
     }
 }
 
@@ -63,7 +134,30 @@ impl<S> tracing_subscriber::Layer<S> for SpanProfileLayer
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
-    fn on_new_span(&self, _attrs: &Attributes<'_>, _id: &Id, _ctx: Context<'_, S>) {}
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, _ctx: Context<'_, S>) {
+        if spanprof_core::labels_active() {
+            return;
+        }
+        // Made outside labelled work: its callsite remembered on this thread, where
+        // the metadata comes free, for when it is entered unprofiled (a request's
+        // span, entered at every poll before its labels are pushed, is not looked up).
+        created_outside::remember(id.into_u64(), attrs.metadata());
+        // A root candidate: decided at its first enter, where its OpenTelemetry
+        // context is attached.
+        if let Some(k) = self
+            .roots
+            .iter()
+            .position(|(s, _)| s.matches(attrs.metadata()))
+        {
+            root_candidates::add(id.into_u64(), k);
+        }
+    }
+
+    fn on_close(&self, id: Id, _ctx: Context<'_, S>) {
+        // Its labels end here (an overflowed entry goes with the span's extensions).
+        drop(inner_spans::remove(id.into_u64()));
+        root_candidates::take(id.into_u64());
+    }
 
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
         // A span with labels of its own: one probe of the table (one cache line).
@@ -73,8 +167,29 @@ where
             return;
         }
         // Entered outside labelled work (a request's own span is entered at every
-        // poll, before its labels are pushed): nothing to decide.
+        // poll, before its labels are pushed): nothing to decide, but samples under
+        // it are counted, so that CPU-heavy work nothing profiles is reported.
         if !spanprof_core::labels_active() {
+            if let Some(k) = root_candidates::take(id.into_u64()) {
+                let entry = root(id, ctx.span(id).map_or("", |s| s.name()), &self.roots[k].1);
+                if let Err(entry) =
+                    inner_spans::insert(id.into_u64(), entry, |e| e.timer.enter(&e.labels))
+                    && let Some(span) = ctx.span(id)
+                {
+                    let mut ext = span.extensions_mut();
+                    if ext.get_mut::<Overflowed>().is_none() {
+                        ext.insert(Overflowed(entry));
+                    }
+                    if let Some(Overflowed(e)) = ext.get_mut::<Overflowed>() {
+                        e.timer.enter(&e.labels);
+                    }
+                }
+                return;
+            }
+            let meta = created_outside::metadata(id.into_u64()).or_else(|| ctx.metadata(id));
+            if let Some(meta) = meta {
+                spanprof_core::setup::enter_unprofiled_span(id.into_u64(), meta);
+            }
             return;
         }
         let Some(span) = ctx.span(id) else { return };
@@ -104,14 +219,12 @@ where
     fn on_exit(&self, id: &Id, ctx: Context<'_, S>) {
         // Publishes at every outermost exit: the span may end (and be exported)
         // before this layer hears of its close.
-        if inner_spans::with(id.into_u64(), |e| e.timer.exit(&e.labels)).is_none() {
-            with_overflowed(&ctx, id, |e| e.timer.exit(&e.labels));
+        if inner_spans::with(id.into_u64(), |e| e.timer.exit(&e.labels)).is_some()
+            || with_overflowed(&ctx, id, |e| e.timer.exit(&e.labels)).is_some()
+        {
+            return;
         }
-    }
-
-    fn on_close(&self, id: Id, _ctx: Context<'_, S>) {
-        // Its labels end here (an overflowed entry goes with the span's extensions).
-        drop(inner_spans::remove(id.into_u64()));
+        spanprof_core::setup::exit_unprofiled_span(id.into_u64());
     }
 }
 
@@ -165,6 +278,128 @@ fn decide(id: &Id, name: &'static str, anchor: Option<u64>) -> Option<Entry> {
     })
 }
 
+/// The labels and state of a root span (`SpanProfileLayer::profile_roots`) created
+/// outside labelled work, at its first enter: its OpenTelemetry ids, its name as span
+/// name and route, and `policy`'s decision.
+fn root(id: &Id, name: &'static str, policy: &RoutePolicy) -> Entry {
+    let ids = own_span_ids(id, 0);
+    let (trace_id, sid, sampled, otel) = match ids {
+        Some(ids) => (ids.trace_id, ids.span_id, ids.sampled, true),
+        None => (0, random_span_id(), true, false),
+    };
+    let hot = policy.decide(
+        if trace_id != 0 {
+            trace_id
+        } else {
+            u128::from(sid)
+        },
+        sampled,
+    );
+    let name = NameId::intern_static(name);
+    let mut b = SpanLabels::builder()
+        .trace_id(trace_id)
+        .span_id(sid)
+        .root_span_id(sid)
+        .span_name_id(name)
+        .route_id(name)
+        .hot(hot);
+    if let Some(after) = policy.slow_after {
+        b = b.slow_after(after);
+    }
+    if let Some(hz) = policy.high_rate_hz {
+        b = b.high_rate_hz(hz);
+    }
+    let labels = b.build();
+    if otel && sampled && registry::enabled() {
+        if registry::track_at_start(hot) {
+            registry::track(&labels);
+        } else {
+            labels.report_first_sample();
+        }
+    }
+    Entry {
+        labels,
+        timer: PollTimer::new(None),
+        otel_anchor: sid,
+    }
+}
+
+/// The callsites of the last spans made on this thread outside labelled work, by span
+/// id: where a span is usually first entered, its metadata without a lookup.
+mod created_outside {
+    use std::cell::Cell;
+
+    type Meta = &'static tracing::Metadata<'static>;
+
+    const SPANS: usize = 8;
+
+    struct Recent {
+        spans: [Cell<(u64, Option<Meta>)>; SPANS],
+        next: Cell<usize>,
+    }
+
+    thread_local! {
+        static RECENT: Recent = const {
+            Recent {
+                spans: [const { Cell::new((0, None)) }; SPANS],
+                next: Cell::new(0),
+            }
+        };
+    }
+
+    pub(super) fn remember(id: u64, meta: Meta) {
+        RECENT.with(|r| {
+            let next = r.next.get();
+            r.spans[next % SPANS].set((id, Some(meta)));
+            r.next.set(next.wrapping_add(1));
+        });
+    }
+
+    pub(super) fn metadata(id: u64) -> Option<Meta> {
+        RECENT.with(|r| {
+            r.spans
+                .iter()
+                .map(Cell::get)
+                .find(|(i, _)| *i == id)
+                .and_then(|(_, m)| m)
+        })
+    }
+}
+
+/// Root candidates: spans a selector picked at creation, outside labelled work, not
+/// entered yet (a few at a time: a job's span is entered as soon as it is made).
+mod root_candidates {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static CANDIDATES: Mutex<Option<HashMap<u64, usize>>> = Mutex::new(None);
+    /// How many there are: most enters see 0 and take no lock.
+    static COUNT: AtomicUsize = AtomicUsize::new(0);
+    /// Most candidates kept; past it, new ones are not profiled.
+    const MAX: usize = 4096;
+
+    pub(super) fn add(id: u64, selector: usize) {
+        let mut c = CANDIDATES.lock().unwrap_or_else(|e| e.into_inner());
+        let map = c.get_or_insert_with(HashMap::new);
+        if map.len() < MAX && map.insert(id, selector).is_none() {
+            COUNT.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Takes span `id`'s selector, if it is a candidate.
+    #[inline]
+    pub(super) fn take(id: u64) -> Option<usize> {
+        if COUNT.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut c = CANDIDATES.lock().unwrap_or_else(|e| e.into_inner());
+        let k = c.as_mut()?.remove(&id)?;
+        COUNT.fetch_sub(1, Ordering::Release);
+        Some(k)
+    }
+}
+
 /// Whether an entered span's context can be read from OpenTelemetry's attached one.
 static ENTERED_SPAN: AttachedContext = AttachedContext::new(Place::Entered);
 
@@ -173,15 +408,18 @@ static ENTERED_SPAN: AttachedContext = AttachedContext::new(Place::Entered);
 /// `tracing-opentelemetry` gives it one: read from OpenTelemetry's attached context
 /// once that is known to be the entered span's (`otel_context`).
 fn own_span_context(id: &Id, enclosing: u64) -> Option<(u64, bool)> {
-    ENTERED_SPAN
-        .current_span_ids(Some(enclosing), || {
-            let current = tracing::Span::current();
-            if current.id().as_ref() != Some(id) {
-                return None;
-            }
-            SpanIds::of_span(&current)
-        })
-        .map(|ids| (ids.span_id, ids.sampled))
+    own_span_ids(id, enclosing).map(|ids| (ids.span_id, ids.sampled))
+}
+
+/// [`own_span_context`] with the trace id.
+fn own_span_ids(id: &Id, enclosing: u64) -> Option<SpanIds> {
+    ENTERED_SPAN.current_span_ids(Some(enclosing), || {
+        let current = tracing::Span::current();
+        if current.id().as_ref() != Some(id) {
+            return None;
+        }
+        SpanIds::of_span(&current)
+    })
 }
 
 fn random_span_id() -> u64 {

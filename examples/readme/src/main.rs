@@ -5,66 +5,59 @@ use axum::{Router, routing::get};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{BatchSpanProcessor, SdkTracerProvider};
-use spanprof::viewer::{DEFAULT_MAX_TRACES, RecentSpans, Viewer, ViewerThread};
-use spanprof::{ProfileCorrelationLayer, Profiler, SpanProfileLayer, SpanProfileProcessor};
+use spanprof::viewer::{DEFAULT_MAX_TRACES, RecentSpans, Viewer, ViewerThread}; // +viewer
+use spanprof::{ProfileCorrelationLayer, Profiler, SpanProfileLayer, SpanProfileProcessor}; // +spanprof
 use tower::ServiceBuilder;
 use tower_http::trace::{DefaultMakeSpan, TraceLayer};
 use tracing_subscriber::{EnvFilter, prelude::*};
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // 1. Build the runtime yourself: `#[tokio::main]` cannot install spanprof's hooks
-    //    (per-thread samplers; with `--cfg tokio_unstable`, spawned tasks inherit labels).
-    //    install_runtime_hooks replaces on_thread_start/stop set before it.
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    spanprof::install_runtime_hooks(&mut builder);
-    builder.enable_all().build()?.block_on(serve())
-}
+// `#[tokio::main]` with spanprof's runtime hooks: every runtime thread sampled and,
+// with `--cfg tokio_unstable`, tasks a request spawns labelled as the request.
+#[spanprof::main] // +spanprof
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // The profiler: 99 Hz for every request, 1 kHz for hot ones (SPANPROF_BASELINE_HZ,
+    // SPANPROF_HIGH_HZ override the defaults).
+    let profiler = Profiler::builder().with_env()?.start()?; // +spanprof
 
-async fn serve() -> Result<(), Box<dyn std::error::Error>> {
-    // 2. The profiler: 99 Hz for every request, 1 kHz for hot ones (SPANPROF_BASELINE_HZ,
-    //    SPANPROF_HIGH_HZ override the defaults).
-    let profiler = Profiler::builder().with_env()?.start()?;
-
-    // 3. Traces: spans end with pyroscope.profile.id and spanprof.* attributes, go to the
-    //    viewer's recent spans, then to OTLP (OTEL_EXPORTER_OTLP_ENDPOINT, default
-    //    http://localhost:4317; nothing listening there only costs a log line).
+    // Traces to OTLP (OTEL_EXPORTER_OTLP_ENDPOINT, default http://localhost:4317;
+    // nothing listening there only costs a log line). spanprof's processor writes
+    // pyroscope.profile.id and spanprof.* onto the spans samples landed in; the
+    // viewer's recorder keeps the recent ones.
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_tonic()
         .build()?;
-    let spans = RecentSpans::new(DEFAULT_MAX_TRACES);
+    let batch = BatchSpanProcessor::builder(exporter).build();
+    let spans = RecentSpans::new(DEFAULT_MAX_TRACES); // +viewer
+    let recorder = spans.processor(Some(Box::new(batch))); // +viewer
     let provider = SdkTracerProvider::builder()
         // The service.name of traces and profiles alike.
         .with_resource(Resource::builder().with_service_name("shop").build())
-        .with_span_processor(SpanProfileProcessor::new(spans.processor(Some(Box::new(
-            BatchSpanProcessor::builder(exporter).build(),
-        )))))
+        .with_span_processor(SpanProfileProcessor::new(recorder)) // +spanprof
         .build();
     tracing_subscriber::registry()
         .with(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
         .with(tracing_subscriber::fmt::layer())
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("shop")))
-        .with(SpanProfileLayer::new())
+        .with(SpanProfileLayer::new()) // +spanprof
         .init();
 
-    // 4. The viewer, on a loopback port (VIEWER_ADDR, default 127.0.0.1:6060), thread
-    //    and runtime of its own.
-    let viewer = ViewerThread::start(
-        Viewer::new(profiler.clone(), spans),
-        address("VIEWER_ADDR", "127.0.0.1:6060").parse()?,
-        false,
-    )?;
-    println!("viewer http://{}/debug/spanprof/", viewer.local_addr());
+    // The viewer, on a loopback port (VIEWER_ADDR, default 127.0.0.1:6060), thread and
+    // runtime of its own.
+    let viewer_addr = address("VIEWER_ADDR", "127.0.0.1:6060").parse()?; // +viewer
+    let viewer = Viewer::new(profiler.clone(), spans); // +viewer
+    let viewer = ViewerThread::start(viewer, viewer_addr, false)?; // +viewer
+    println!("viewer http://{}/debug/spanprof/", viewer.local_addr()); // +viewer
 
-    // 5. The one layer in the service, inside TraceLayer, in one ServiceBuilder (axum
-    //    boxes each route once per `.layer` call). TraceLayer's spans are DEBUG by
-    //    default: make them INFO.
+    // The one layer in the service, inside TraceLayer, in one ServiceBuilder (axum
+    // boxes each route once per `.layer` call). TraceLayer's spans are DEBUG by
+    // default: make them INFO.
     let app = Router::new().route("/hash", get(hash)).layer(
         ServiceBuilder::new()
             .layer(
                 TraceLayer::new_for_http()
                     .make_span_with(DefaultMakeSpan::new().level(tracing::Level::INFO)),
             )
-            .layer(ProfileCorrelationLayer::new()),
+            .layer(ProfileCorrelationLayer::new()), // +spanprof
     );
     let listener = tokio::net::TcpListener::bind(address("ADDR", "127.0.0.1:3000")).await?;
     println!(
@@ -77,7 +70,7 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
         })
         .await?;
     provider.shutdown()?;
-    viewer.stop();
+    viewer.stop(); // +viewer
     Ok(())
 }
 

@@ -82,3 +82,23 @@ fn the_readme_cargo_block_matches_the_example_crate() {
     assert!(config.contains("tokio_unstable"), "{config}");
     assert!(!config.contains("frame-pointers"), "{config}");
 }
+
+#[test]
+fn adopting_spanprof_takes_the_lines_the_readme_counts() {
+    // The lines a user adds to a tokio + axum + tracing-opentelemetry service are
+    // marked in the example; the README says how many, and the goal is at most 10.
+    let main = read("examples/readme/src/main.rs");
+    let spanprof = main.lines().filter(|l| l.ends_with("// +spanprof")).count();
+    let viewer = main.lines().filter(|l| l.ends_with("// +viewer")).count();
+    let readme = read("README.md");
+    assert!(spanprof <= 10, "{spanprof} lines to adopt spanprof");
+    assert!(
+        readme.contains(&format!("**{spanprof} lines**")),
+        "README.md should count {spanprof} lines"
+    );
+    assert!(
+        readme.contains(&format!("and {viewer} more for the embedded viewer")),
+        "README.md should count {viewer} viewer lines"
+    );
+    assert!(main.contains("#[spanprof::main]"));
+}

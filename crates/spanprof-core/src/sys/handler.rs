@@ -458,6 +458,7 @@ unsafe fn handle(info: *const SigInfoTimer, uctx: *mut libc::c_void) {
         s.weight_ns = weight_ns;
         s.time_ns = time_ns;
         s.flags = flags;
+        s.outer_span = slot::outer_span();
     });
     if let Some(waiting) = written {
         count_sample(ts, rec, ended, weight_ns);

@@ -13,6 +13,7 @@ pub(crate) mod pool;
 pub(crate) mod process_ctx;
 #[cfg(spanprof_otel_ctx)]
 pub(crate) mod thread_ctx;
+pub(crate) use slot::outer_span_metadata;
 #[cfg(feature = "testing")]
 mod quarantine;
 pub(crate) mod ring;

@@ -30,6 +30,9 @@ pub(crate) struct RawSample {
     pub(crate) hot: u8,
     pub(crate) flags: u32,
     pub(crate) depth: u32,
+    /// The callsite of the innermost `tracing` span entered outside labelled work on
+    /// the sampled thread (0 for none): see `slot::outer_span`.
+    pub(crate) outer_span: usize,
     pub(crate) frames: [u64; MAX_FRAMES],
 }
 

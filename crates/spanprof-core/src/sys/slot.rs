@@ -5,10 +5,9 @@
 //! pushes nest. The signal handler loads the pointer once; the record it points at
 //! is immutable but for atomics, so it can never observe a torn label.
 
-#[cfg(tokio_unstable)]
 use std::cell::Cell;
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use super::pool::RecordRef;
 use crate::record::LabelRecord;
@@ -44,6 +43,78 @@ thread_local! {
 
 #[cfg(tokio_unstable)]
 const HOOK_DEPTH: usize = 8;
+
+/// The innermost `tracing` span entered on this thread outside labelled work that
+/// nothing profiles: its metadata (`&'static tracing::Metadata`, as an address; 0 for
+/// none). The signal handler copies it into each sample, so the collector can tell
+/// CPU spent under such spans, per callsite. The enclosing ones are kept, with the
+/// ids of the spans that pushed them, to restore on exit.
+struct OuterSpans {
+    current: AtomicUsize,
+    depth: Cell<usize>,
+    saved: [Cell<(u64, usize)>; OUTER_DEPTH],
+}
+
+thread_local! {
+    // `const` and no `Drop`, as the slot: the handler reads `current`.
+    static OUTER: OuterSpans = const {
+        OuterSpans {
+            current: AtomicUsize::new(0),
+            depth: Cell::new(0),
+            saved: [const { Cell::new((0, 0)) }; OUTER_DEPTH],
+        }
+    };
+}
+
+/// Nested unprofiled spans remembered per thread; deeper ones are not tracked.
+const OUTER_DEPTH: usize = 16;
+
+/// Marks span `id`, of callsite `meta`, entered on this thread outside labelled work
+/// (see [`OuterSpans`]).
+#[inline]
+pub(crate) fn enter_outer_span(id: u64, meta: &'static tracing::Metadata<'static>) {
+    OUTER.with(|o| {
+        let depth = o.depth.get();
+        if let Some(saved) = o.saved.get(depth) {
+            saved.set((id, o.current.load(Ordering::Relaxed)));
+            o.current
+                .store(std::ptr::from_ref(meta) as usize, Ordering::Relaxed);
+        }
+        o.depth.set(depth + 1);
+    });
+}
+
+/// Undoes [`enter_outer_span`] of span `id`, if it is the innermost.
+#[inline]
+pub(crate) fn exit_outer_span(id: u64) {
+    OUTER.with(|o| {
+        let Some(depth) = o.depth.get().checked_sub(1) else {
+            return;
+        };
+        if let Some(saved) = o.saved.get(depth) {
+            let (top, prev) = saved.get();
+            if top != id {
+                return;
+            }
+            o.current.store(prev, Ordering::Relaxed);
+        }
+        o.depth.set(depth);
+    });
+}
+
+/// The innermost unprofiled span's callsite on this thread (0: none). Signal-safe.
+#[inline(always)]
+pub(crate) fn outer_span() -> usize {
+    OUTER.with(|o| o.current.load(Ordering::Relaxed))
+}
+
+/// The callsite metadata behind an address [`outer_span`] returned.
+pub(crate) fn outer_span_metadata(addr: usize) -> Option<&'static tracing::Metadata<'static>> {
+    // SAFETY: every non-zero address in `OuterSpans::current` comes from a
+    // `&'static tracing::Metadata<'static>` (`enter_outer_span`), which lives for the
+    // rest of the program.
+    (addr != 0).then(|| unsafe { &*(addr as *const tracing::Metadata<'static>) })
+}
 
 /// One detached push: the labels (a strong reference, so they outlive the push), the
 /// slot value to restore, and whether its exit came already (out of order).
