@@ -49,8 +49,8 @@ pub use profile::{
 };
 pub use registration::on_first_sample;
 pub use sampler::{
-    Capabilities, Sampling, DEFAULT_BASELINE_HZ, DEFAULT_CACHE_BYTES, DEFAULT_DRAIN_INTERVAL,
-    DEFAULT_HIGH_HZ, MAX_HIGH_HZ, MemoryStats, Profiler, ProfilerBuilder, TIMER_MAX_HZ,
+    Capabilities, DEFAULT_BASELINE_HZ, DEFAULT_CACHE_BYTES, DEFAULT_DRAIN_INTERVAL,
+    DEFAULT_HIGH_HZ, MAX_HIGH_HZ, MemoryStats, Profiler, ProfilerBuilder, Sampling, TIMER_MAX_HZ,
 };
 pub use service::{env_service_name, resource_service_name, set_resource_service_name};
 pub use store::{

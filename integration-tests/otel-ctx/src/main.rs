@@ -20,7 +20,9 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{BatchConfigBuilder, SdkTracerProvider, SpanData, SpanExporter};
-use spanprof::{ProfileCorrelationLayer, Profiler, Sampling, SpanProfileLayer, SpanProfileProcessor};
+use spanprof::{
+    ProfileCorrelationLayer, Profiler, Sampling, SpanProfileLayer, SpanProfileProcessor,
+};
 use tokio::io::AsyncReadExt;
 use tracing::Instrument;
 use tracing_subscriber::prelude::*;
@@ -35,19 +37,29 @@ fn main() {
     };
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     spanprof::install_runtime_hooks(&mut builder);
-    let rt = builder.worker_threads(2).enable_all().build().expect("runtime");
+    let rt = builder
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
     rt.block_on(serve(spans_file, sampling));
 }
 
 async fn serve(spans_file: String, sampling: Sampling) {
-    let profiler = Profiler::builder().sampling(sampling).start().expect("profiler");
+    let profiler = Profiler::builder()
+        .sampling(sampling)
+        .start()
+        .expect("profiler");
     let spans = Arc::new(Mutex::new(Vec::<String>::new()));
     let exporter = LineExporter(spans.clone());
     let provider = SdkTracerProvider::builder()
         .with_resource(
             Resource::builder()
                 .with_service_name("otel-ctx-test")
-                .with_attribute(opentelemetry::KeyValue::new("service.instance.id", "instance-42"))
+                .with_attribute(opentelemetry::KeyValue::new(
+                    "service.instance.id",
+                    "instance-42",
+                ))
                 .build(),
         )
         // A large queue: the test compares every read with the spans exported.
@@ -80,7 +92,9 @@ async fn serve(spans_file: String, sampling: Sampling) {
                 ))
                 .layer(ProfileCorrelationLayer::builder().profiler(profiler.clone()).build().expect("layer")),
         );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     println!("port {}", listener.local_addr().expect("address").port());
     std::io::stdout().flush().expect("stdout");
     axum::serve(listener, app)
@@ -136,7 +150,8 @@ struct LineExporter(Arc<Mutex<Vec<String>>>);
 
 impl SpanExporter for LineExporter {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
-        let ns = |t: std::time::SystemTime| t.duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos();
+        let ns =
+            |t: std::time::SystemTime| t.duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos();
         let mut spans = self.0.lock().unwrap();
         for s in batch {
             spans.push(format!(

@@ -87,7 +87,13 @@ pub fn find_tls_symbol(elf: &[u8], name: &str) -> Option<TlsSymbol> {
     let phnum = u16_at(elf, 0x38)? as usize;
     let tls = (0..phnum).find_map(|i| {
         let h = phoff + i * phentsize;
-        (u32_at(elf, h)? == PT_TLS).then(|| Some((u64_at(elf, h + 16)?, u64_at(elf, h + 40)?, u64_at(elf, h + 48)?)))?
+        (u32_at(elf, h)? == PT_TLS).then(|| {
+            Some((
+                u64_at(elf, h + 16)?,
+                u64_at(elf, h + 40)?,
+                u64_at(elf, h + 48)?,
+            ))
+        })?
     })?;
     Some(TlsSymbol {
         offset,

@@ -106,7 +106,11 @@ pub enum ProcessContextError {
 }
 
 /// The names `/proc/<pid>/maps` gives the mapping (OTEP 4719, reading protocol 1).
-const MAPPING_NAMES: [&str; 3] = ["[anon_shmem:OTEL_CTX]", "[anon:OTEL_CTX]", "/memfd:OTEL_CTX"];
+const MAPPING_NAMES: [&str; 3] = [
+    "[anon_shmem:OTEL_CTX]",
+    "[anon:OTEL_CTX]",
+    "/memfd:OTEL_CTX",
+];
 
 /// The start address and name of each mapping of `pid` that may hold a process
 /// context.
@@ -117,10 +121,12 @@ pub fn context_mappings(pid: i32) -> Vec<(u64, String)> {
             let mut fields = line.splitn(6, ' ');
             let range = fields.next()?;
             let name = fields.nth(4).unwrap_or("").trim_start();
-            MAPPING_NAMES
-                .iter()
-                .any(|n| name.starts_with(n))
-                .then(|| Some((u64::from_str_radix(range.split('-').next()?, 16).ok()?, name.to_owned())))?
+            MAPPING_NAMES.iter().any(|n| name.starts_with(n)).then(|| {
+                Some((
+                    u64::from_str_radix(range.split('-').next()?, 16).ok()?,
+                    name.to_owned(),
+                ))
+            })?
         })
         .collect()
 }

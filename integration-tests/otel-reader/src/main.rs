@@ -14,14 +14,24 @@ fn main() {
     let reads: usize = args.next().and_then(|n| n.parse().ok()).unwrap_or(20);
     let key_map = match read_process_context(pid) {
         Ok(cx) => {
-            println!("process context: {} (published at {} ns)", cx.mapping_name, cx.published_at_ns);
+            println!(
+                "process context: {} (published at {} ns)",
+                cx.mapping_name, cx.published_at_ns
+            );
             if let Some(resource) = &cx.message.resource {
                 for kv in &resource.attributes {
-                    println!("  resource {} = {:?}", kv.key, kv.value.as_ref().and_then(|v| v.value.as_ref()));
+                    println!(
+                        "  resource {} = {:?}",
+                        kv.key,
+                        kv.value.as_ref().and_then(|v| v.value.as_ref())
+                    );
                 }
             }
             println!("  threadlocal.schema_version = {:?}", cx.schema_version());
-            println!("  threadlocal.attribute_key_map = {:?}", cx.attribute_key_map());
+            println!(
+                "  threadlocal.attribute_key_map = {:?}",
+                cx.attribute_key_map()
+            );
             cx.attribute_key_map()
         }
         Err(e) => {

@@ -46,7 +46,11 @@ fn a_service_without_the_feature_publishes_no_context() {
         return serve();
     }
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["a_service_without_the_feature_publishes_no_context", "--exact", "--nocapture"])
+        .args([
+            "a_service_without_the_feature_publishes_no_context",
+            "--exact",
+            "--nocapture",
+        ])
         .env(SERVE, "1")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -62,7 +66,10 @@ fn a_service_without_the_feature_publishes_no_context() {
     let pid = child.id() as i32;
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
     assert!(!maps.contains("OTEL_CTX"), "{maps}");
-    assert_eq!(read_process_context(pid), Err(ProcessContextError::NoMapping));
+    assert_eq!(
+        read_process_context(pid),
+        Err(ProcessContextError::NoMapping)
+    );
     assert!(
         ThreadContextReader::new(pid, Vec::new()).is_none(),
         "the executable exports otel_thread_ctx_v1"

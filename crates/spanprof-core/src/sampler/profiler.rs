@@ -111,7 +111,8 @@ pub(super) fn start_platform(cfg: ProfilerBuilder) -> Result<Arc<ProfilerInner>,
 /// collector; threads are not armed (none is registered lazily either).
 pub(super) fn start_labels_only(cfg: ProfilerBuilder) -> Arc<ProfilerInner> {
     crate::setup::profiler_started(
-        "spanprof: labels only: spans are labelled on every poll, nothing samples in this process".to_owned(),
+        "spanprof: labels only: spans are labelled on every poll, nothing samples in this process"
+            .to_owned(),
     );
     let store = SpanProfileStore::new(
         cfg.store.clone(),

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use otel_ctx_reader::{ProcessContextError, ThreadContextReader, ThreadRead, context_mappings, read_process_context};
+use otel_ctx_reader::{
+    ProcessContextError, ThreadContextReader, ThreadRead, context_mappings, read_process_context,
+};
 
 /// The service under test, started from its binary.
 struct Service {
@@ -38,7 +40,10 @@ impl Service {
         BufReader::new(child.stdout.take().expect("stdout"))
             .read_line(&mut line)
             .expect("the service's port");
-        let port = line.trim().strip_prefix("port ").and_then(|p| p.parse().ok());
+        let port = line
+            .trim()
+            .strip_prefix("port ")
+            .and_then(|p| p.parse().ok());
         Service {
             stdin: child.stdin.take(),
             child,
@@ -64,7 +69,11 @@ impl Service {
                 let f: Vec<&str> = l.splitn(5, ' ').collect();
                 (
                     (f[0].to_owned(), f[1].to_owned()),
-                    (f[2].parse().unwrap(), f[3].parse().unwrap(), f[4].to_owned()),
+                    (
+                        f[2].parse().unwrap(),
+                        f[3].parse().unwrap(),
+                        f[4].to_owned(),
+                    ),
                 )
             })
             .collect()
@@ -86,10 +95,9 @@ fn load(port: u16, clients: usize, stop: Arc<AtomicBool>) -> std::thread::JoinHa
             .build()
             .unwrap();
         rt.block_on(async move {
-            let client = hyper_util::client::legacy::Client::builder(
-                hyper_util::rt::TokioExecutor::new(),
-            )
-            .build_http::<http_body_util::Empty<bytes::Bytes>>();
+            let client =
+                hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                    .build_http::<http_body_util::Empty<bytes::Bytes>>();
             let tasks: Vec<_> = (0..clients)
                 .map(|c| {
                     let client = client.clone();
@@ -97,10 +105,13 @@ fn load(port: u16, clients: usize, stop: Arc<AtomicBool>) -> std::thread::JoinHa
                     tokio::spawn(async move {
                         let mut sent = 0u64;
                         while !stop.load(Ordering::Relaxed) {
-                            let uri = format!("http://127.0.0.1:{port}/work/{}", sent * 7 + c as u64);
+                            let uri =
+                                format!("http://127.0.0.1:{port}/work/{}", sent * 7 + c as u64);
                             let res = client.get(uri.parse().unwrap()).await.expect("request");
                             assert!(res.status().is_success(), "{}", res.status());
-                            http_body_util::BodyExt::collect(res.into_body()).await.expect("body");
+                            http_body_util::BodyExt::collect(res.into_body())
+                                .await
+                                .expect("body");
                             sent += 1;
                         }
                         sent
@@ -117,7 +128,10 @@ fn load(port: u16, clients: usize, stop: Arc<AtomicBool>) -> std::thread::JoinHa
 }
 
 fn unix_ns() -> u128 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos()
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
 }
 
 /// What the reads found, against the spans the service exported.
@@ -145,7 +159,8 @@ fn reads_against_spans(sampling: &str, seconds: f64) -> Agreement {
     let service = Service::start(sampling);
     let pid = service.pid();
     let cx = read_process_context(pid).expect("a process context");
-    let reader = ThreadContextReader::new(pid, cx.attribute_key_map()).expect("otel_thread_ctx_v1 exported");
+    let reader =
+        ThreadContextReader::new(pid, cx.attribute_key_map()).expect("otel_thread_ctx_v1 exported");
     let stop = Arc::new(AtomicBool::new(false));
     let load = load(service.port, 6, stop.clone());
     let mut reads = Vec::new();
@@ -197,7 +212,8 @@ fn reads_against_spans(sampling: &str, seconds: f64) -> Agreement {
         if at > *end {
             a.ended += 1;
             if a.examples.len() < 5 {
-                a.examples.push(format!("read {} ns after its span ended: {r:?}", at - end));
+                a.examples
+                    .push(format!("read {} ns after its span ended: {r:?}", at - end));
             }
             continue;
         }
@@ -255,11 +271,21 @@ fn the_process_context_carries_the_resource_and_the_thread_contexts_key_map() {
     );
     // The tracer provider's Resource, set after the profiler published a first one:
     // the update reached the mapping.
-    assert_eq!(cx.resource_string("service.name").as_deref(), Some("otel-ctx-test"));
-    assert_eq!(cx.resource_string("service.instance.id").as_deref(), Some("instance-42"));
+    assert_eq!(
+        cx.resource_string("service.name").as_deref(),
+        Some("otel-ctx-test")
+    );
+    assert_eq!(
+        cx.resource_string("service.instance.id").as_deref(),
+        Some("instance-42")
+    );
     assert_eq!(cx.schema_version().as_deref(), Some("tlsdesc_v1_dev"));
     assert_eq!(cx.attribute_key_map(), ["http.route", "span.name"]);
-    assert_eq!(context_mappings(service.pid()).len(), 1, "one process context");
+    assert_eq!(
+        context_mappings(service.pid()).len(),
+        1,
+        "one process context"
+    );
 }
 
 #[test]
@@ -271,22 +297,47 @@ fn a_forked_child_does_not_inherit_the_process_context() {
         .build()
         .unwrap();
     let child: i32 = rt.block_on(async {
-        let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .build_http::<http_body_util::Empty<bytes::Bytes>>();
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<http_body_util::Empty<bytes::Bytes>>();
         let res = client
-            .get(format!("http://127.0.0.1:{}/fork", service.port).parse().unwrap())
+            .get(
+                format!("http://127.0.0.1:{}/fork", service.port)
+                    .parse()
+                    .unwrap(),
+            )
             .await
             .expect("fork request");
-        let body = http_body_util::BodyExt::collect(res.into_body()).await.unwrap().to_bytes();
-        String::from_utf8_lossy(&body).parse().expect("the child's pid")
+        let body = http_body_util::BodyExt::collect(res.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        String::from_utf8_lossy(&body)
+            .parse()
+            .expect("the child's pid")
     });
     assert!(child > 0, "fork failed");
     // The child is a copy of the service (the same executable, its memory but for
     // mappings marked MADV_DONTFORK), sleeping.
     let maps = std::fs::read_to_string(format!("/proc/{child}/maps")).expect("the child's maps");
-    assert!(maps.contains("otel_ctx_service"), "not the service's child:\n{maps}");
-    assert!(!maps.contains("OTEL_CTX"), "the child inherited the mapping:\n{maps}");
-    assert_eq!(read_process_context(child), Err(ProcessContextError::NoMapping));
-    assert!(read_process_context(service.pid()).is_ok(), "the parent keeps its context");
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child), nix::sys::signal::Signal::SIGKILL);
+    assert!(
+        maps.contains("otel_ctx_service"),
+        "not the service's child:\n{maps}"
+    );
+    assert!(
+        !maps.contains("OTEL_CTX"),
+        "the child inherited the mapping:\n{maps}"
+    );
+    assert_eq!(
+        read_process_context(child),
+        Err(ProcessContextError::NoMapping)
+    );
+    assert!(
+        read_process_context(service.pid()).is_ok(),
+        "the parent keeps its context"
+    );
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child),
+        nix::sys::signal::Signal::SIGKILL,
+    );
 }
