@@ -1,6 +1,8 @@
 //! The cost of spanprof's label push+pop around a poll, against a bare poll.
 //!
-//! `cargo bench -p spanprof-bench --bench poll_overhead`
+//! `cargo bench -p spanprof-bench --bench poll_overhead [--features otel-thread-ctx]`
+//! (with the feature the slot is the exported `otel_thread_ctx_v1` and each label
+//! record carries its OpenTelemetry thread context record).
 
 use std::future::Future;
 use std::hint::black_box;
@@ -55,6 +57,25 @@ fn bench(c: &mut Criterion) {
         b.iter(|| black_box(f.as_mut().poll(&mut cx)))
     });
     g.finish();
+    // What a request pays once for its record (the OpenTelemetry thread context
+    // record is filled here, not per poll).
+    let route = spanprof::NameId::intern("/api/orders");
+    let name = spanprof::NameId::intern("POST /api/orders");
+    c.bench_function("labels/build", |b| {
+        let mut id = 1u64;
+        b.iter(|| {
+            id += 1;
+            black_box(
+                SpanLabels::builder()
+                    .trace_id(u128::from(id))
+                    .span_id(id)
+                    .trace_flags(1)
+                    .span_name_id(name)
+                    .route_id(route)
+                    .build(),
+            )
+        })
+    });
 }
 
 criterion_group!(benches, bench);

@@ -16,6 +16,8 @@ pub mod docs {
     pub mod benchmarks {}
     #[doc = include_str!("../../docs/design.md")]
     pub mod design {}
+    #[doc = include_str!("../../docs/ebpf-profiler.md")]
+    pub mod ebpf_profiler {}
     #[doc = include_str!("../../docs/grafana.md")]
     pub mod grafana {}
     #[doc = include_str!("../../docs/layer.md")]

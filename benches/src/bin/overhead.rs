@@ -99,7 +99,11 @@ const MODES: [&str; 5] = ["none", "stack", "baseline", "hot10", "pyroscope"];
 /// two `Router::layer` calls instead of one `tower::ServiceBuilder` (axum boxes each
 /// route's service once per call: three allocations a request).
 /// `stack-again` is a second server identical to `stack`: an A/A control of the method.
-const ABLATIONS: [&str; 12] = [
+/// `labels-only` is `baseline` without spanprof's sampler (`Sampling::LabelsOnly`, no
+/// push): what a service profiled from outside pays (build with `--features
+/// otel-thread-ctx` to include OpenTelemetry's thread context).
+const ABLATIONS: [&str; 13] = [
+    "labels-only",
     "baseline-sampling",
     "baseline-passthrough",
     "baseline-sampling-noperf",
@@ -185,7 +189,8 @@ fn serve(mode: &str, sink: &str) {
         | "baseline-nohooks"
         | "baseline-49hz"
         | "baseline-19hz"
-        | "baseline-twolayers" => 0.0,
+        | "baseline-twolayers"
+        | "labels-only" => 0.0,
         "hot10" => 0.1,
         other => panic!("unknown mode {other}"),
     };
@@ -196,6 +201,11 @@ fn serve(mode: &str, sink: &str) {
     let span_layer = spans && mode != "baseline-nolayer";
     // spanprof as docs/layer.md sets it up, next to the same stack.
     let profiler = spanprof::Profiler::builder()
+        .sampling(if mode == "labels-only" {
+            spanprof::Sampling::LabelsOnly
+        } else {
+            spanprof::Sampling::InProcess
+        })
         .baseline_hz(match mode {
             "baseline-49hz" => 49,
             "baseline-19hz" => 19,
@@ -235,11 +245,14 @@ fn serve(mode: &str, sink: &str) {
         .profiler(profiler.clone())
         .build()
         .expect("layer");
-    let _push = PyroscopeExporter::start(
-        PyroscopeConfig::new(sink),
-        ProfileSource::profiler(&profiler, false),
-    )
-    .expect("pyroscope push");
+    // Labels only: no profile of its own to push.
+    let _push = (mode != "labels-only").then(|| {
+        PyroscopeExporter::start(
+            PyroscopeConfig::new(sink),
+            ProfileSource::profiler(&profiler, false),
+        )
+        .expect("pyroscope push")
+    });
     if hooks {
         spanprof::install_runtime_hooks(&mut builder);
     }

@@ -179,6 +179,8 @@ pub(crate) fn intern(s: &str) -> NameId {
         return NameId::OVERFLOW;
     }
     let id = NameId(g.names.len() as u32);
+    #[cfg(spanprof_otel_ctx)]
+    by_id::insert(id, s);
     let arc: Arc<str> = Arc::from(s);
     g.names.push(arc.clone());
     g.ids.insert(arc, id);
@@ -206,6 +208,54 @@ pub(crate) fn resolve(id: NameId) -> Arc<str> {
         .get(id.0 as usize)
         .cloned()
         .unwrap_or_else(|| g.names[1].clone())
+}
+
+/// The string of `id` without the interner's lock (the built-in names and every name
+/// interned so far), for building the OpenTelemetry thread context record of each
+/// label: a read lock per request is a write to a line every worker shares.
+#[cfg(spanprof_otel_ctx)]
+pub(crate) fn name_of(id: NameId) -> &'static str {
+    match id {
+        NameId::NONE => "",
+        NameId::OVERFLOW => OVERFLOW_NAME,
+        NameId::DETACHED => DETACHED_SPAN_NAME,
+        id => by_id::get(id).unwrap_or(OVERFLOW_NAME),
+    }
+}
+
+/// Interned names by id, lock-free: chunk `c` holds `64 << c` ids, from
+/// `64 * (2^c - 1)`, each set once (under the interner's write lock) and never
+/// changed. The names are leaked: the interner never forgets one, and their number
+/// is bounded ([`set_max_names`]).
+#[cfg(spanprof_otel_ctx)]
+mod by_id {
+    use std::sync::OnceLock;
+
+    use super::NameId;
+
+    const CHUNKS: usize = 26;
+    type Chunk = Box<[OnceLock<&'static str>]>;
+    static TABLE: [OnceLock<Chunk>; CHUNKS] = [const { OnceLock::new() }; CHUNKS];
+
+    fn place(id: NameId) -> (usize, usize) {
+        let n = id.0 as usize / 64 + 1;
+        let c = (usize::BITS - 1 - n.leading_zeros()) as usize;
+        (c, id.0 as usize - 64 * ((1 << c) - 1))
+    }
+
+    pub(super) fn insert(id: NameId, name: &str) {
+        let (c, at) = place(id);
+        if c >= CHUNKS {
+            return;
+        }
+        let chunk = TABLE[c].get_or_init(|| (0..64usize << c).map(|_| OnceLock::new()).collect());
+        let _ = chunk[at].set(Box::leak(name.into()));
+    }
+
+    pub(super) fn get(id: NameId) -> Option<&'static str> {
+        let (c, at) = place(id);
+        TABLE.get(c)?.get()?.get(at)?.get().copied()
+    }
 }
 
 /// Most `'static` names a thread keeps the ids of; past it the cache starts over.

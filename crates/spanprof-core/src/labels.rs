@@ -96,6 +96,19 @@ impl SpanLabels {
         end(&self.record);
     }
 
+    /// Withdraws these labels from OpenTelemetry's thread context (feature
+    /// `otel-thread-ctx`): from now on a profiler outside the process reads their
+    /// record as invalid, whichever thread polls them, while spanprof's own samples
+    /// still carry them until the span ends. For the end of a request's work, which
+    /// comes before its span's end (`ProfileCorrelationLayer` calls it when the
+    /// response is complete): OpenTelemetry stamps a span's end at its last exit,
+    /// and a task the request spawned may still be inside its last poll then.
+    /// Does nothing without the feature.
+    pub fn withdraw_thread_context(&self) {
+        #[cfg(spanprof_otel_ctx)]
+        self.record.otel.valid.store(0, Ordering::Release);
+    }
+
     /// Whether the span has ended.
     pub fn is_ended(&self) -> bool {
         self.record.state.load(Ordering::Acquire) & ENDED != 0
@@ -187,6 +200,7 @@ impl SpanLabels {
             .root_span_id(self.record.ids.root_span_id)
             .span_name_id(span_name)
             .route_id(self.record.ids.route)
+            .trace_flags(self.record.trace_flags)
             .hot(self.hotness());
         b.slow_deadline_ns = self.record.slow_deadline_ns;
         b.high_ns = self.record.high_ns;
@@ -252,6 +266,7 @@ pub struct SpanLabelsBuilder {
     slow_deadline_ns: u64,
     high_ns: u64,
     root: Option<RecordRef>,
+    trace_flags: u8,
 }
 
 impl fmt::Debug for SpanLabelsBuilder {
@@ -292,6 +307,13 @@ impl SpanLabelsBuilder {
     /// Sets the 64-bit span id.
     pub fn span_id(mut self, id: u64) -> Self {
         self.span_id = id;
+        self
+    }
+
+    /// Sets the W3C trace flags of the span (bit 0: sampled). Defaults to 0. Published
+    /// to outside profilers with the feature `otel-thread-ctx`.
+    pub fn trace_flags(mut self, flags: u8) -> Self {
+        self.trace_flags = flags;
         self
     }
 
@@ -342,14 +364,29 @@ impl SpanLabelsBuilder {
     /// Builds the labels: one record from the pool (allocated only when the pool has
     /// none free).
     pub fn build(self) -> SpanLabels {
+        let span_name = self.span_name.unwrap_or(NameId::NONE);
+        let route = self.route.unwrap_or(NameId::NONE);
+        let root_span_id = self.root_span_id.unwrap_or(self.span_id);
         SpanLabels::owning(RecordRef::new(LabelRecord {
+            // The local root's ids, and the name of the span itself (docs/design.md,
+            // "OpenTelemetry's thread context").
+            #[cfg(spanprof_otel_ctx)]
+            otel: crate::record::ThreadCtxRecord::new(
+                self.trace_id,
+                root_span_id,
+                self.trace_flags,
+                [
+                    (crate::otel_ctx::KEY_ROUTE, intern::name_of(route)),
+                    (crate::otel_ctx::KEY_SPAN_NAME, intern::name_of(span_name)),
+                ],
+            ),
             ids: LabelIds {
                 trace_id: self.trace_id,
                 span_id: self.span_id,
                 parent_span_id: self.parent_span_id,
-                root_span_id: self.root_span_id.unwrap_or(self.span_id),
-                span_name: self.span_name.unwrap_or(NameId::NONE),
-                route: self.route.unwrap_or(NameId::NONE),
+                root_span_id,
+                span_name,
+                route,
             },
             state: AtomicU8::new(self.hot as u8),
             owners: AtomicUsize::new(0),
@@ -363,6 +400,7 @@ impl SpanLabelsBuilder {
             max_poll_ns: AtomicU64::new(0),
             flags: AtomicU8::new(0),
             refs: AtomicUsize::new(0),
+            trace_flags: self.trace_flags,
         }))
     }
 }

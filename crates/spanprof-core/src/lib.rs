@@ -12,6 +12,8 @@ mod future;
 mod hooks;
 mod intern;
 mod labels;
+#[cfg(feature = "otel-thread-ctx")]
+mod otel_ctx;
 mod poll;
 pub mod pprof;
 mod profile;
@@ -38,6 +40,8 @@ pub use intern::{
     intern_stats, set_max_names,
 };
 pub use labels::{SpanLabels, SpanLabelsBuilder, current_labels, labels_active};
+#[cfg(feature = "otel-thread-ctx")]
+pub use otel_ctx::{ATTRIBUTE_KEYS, ProcessContext, SCHEMA_VERSION, set_process_context_resource};
 pub use poll::{LabelGuard, PollStats, PollTimer};
 pub use profile::{
     Frame, FunctionCost, Hotness, Profile, ProfileSample, SampleLabels, SpanCost, Stack,
@@ -46,7 +50,7 @@ pub use profile::{
 pub use registration::on_first_sample;
 pub use sampler::{
     Capabilities, DEFAULT_BASELINE_HZ, DEFAULT_CACHE_BYTES, DEFAULT_DRAIN_INTERVAL,
-    DEFAULT_HIGH_HZ, MAX_HIGH_HZ, MemoryStats, Profiler, ProfilerBuilder, TIMER_MAX_HZ,
+    DEFAULT_HIGH_HZ, MAX_HIGH_HZ, MemoryStats, Profiler, ProfilerBuilder, Sampling, TIMER_MAX_HZ,
 };
 pub use service::{env_service_name, resource_service_name, set_resource_service_name};
 pub use store::{
@@ -86,6 +90,14 @@ pub fn in_signal_handler() -> bool {
 #[cfg(feature = "testing")]
 pub fn hold_name_interner_for_test() -> intern::InternerHeld {
     intern::hold()
+}
+
+/// Forks a child that sleeps `secs` seconds and exits; returns its pid. For tests of
+/// what a child process inherits.
+#[doc(hidden)]
+#[cfg(all(target_os = "linux", feature = "testing"))]
+pub fn fork_sleeping_child_for_test(secs: u32) -> i32 {
+    sys::fork_sleeping_child(secs)
 }
 
 /// The frame limit of one sample: deeper stacks are cut and marked

@@ -72,8 +72,15 @@ impl LabelIds {
 
 /// The record a label slot points at. Immutable but for the atomics, so a signal
 /// handler that reads it through the slot's pointer never sees a torn value.
+///
+/// With the feature `otel-thread-ctx` it begins with its OpenTelemetry thread context
+/// record (`#[repr(C)]`, offset 0), so the slot's pointer to it is also a pointer to
+/// that record, as `otel_thread_ctx_v1` must hold (`sys::thread_ctx`).
 #[derive(Debug)]
+#[cfg_attr(spanprof_otel_ctx, repr(C))]
 pub(crate) struct LabelRecord {
+    #[cfg(spanprof_otel_ctx)]
+    pub(crate) otel: ThreadCtxRecord,
     pub(crate) ids: LabelIds,
     /// A [`crate::Hotness`] in the low bits, raised while the work runs (slow promotion),
     /// and [`ENDED`] once the span has ended. Read as an `i8`, the byte is positive
@@ -105,6 +112,8 @@ pub(crate) struct LabelRecord {
     pub(crate) flags: AtomicU8,
     /// References to this record ([`RecordRef`]'s count).
     pub(crate) refs: AtomicUsize,
+    /// The W3C trace flags of the span (bit 0: sampled), inherited by its children.
+    pub(crate) trace_flags: u8,
 }
 
 /// [`LabelRecord::flags`]: a sample was counted on the record.
@@ -146,6 +155,96 @@ impl LabelRecord {
     /// Marks the span ended (idempotent). Returns whether this call ended hot work
     /// (the caller then lets the thread drop its high rate, `threads::on_hot_end`).
     pub(crate) fn end(&self) -> bool {
+        // An outside reader must not charge work that outlives the span to it (the
+        // handler writes such samples as detached): from now on the record reads
+        // as invalid, whichever thread's slot holds it.
+        #[cfg(spanprof_otel_ctx)]
+        self.otel.valid.store(0, Ordering::Relaxed);
         (self.state.fetch_or(ENDED, Ordering::Release) as i8) > 0
+    }
+}
+
+/// OTEP 4947's thread context record, as outside readers read it: trace id and span
+/// id (W3C byte order), `valid` (1) and the W3C trace flags, then `attrs_size` bytes
+/// of attributes, each a key index into the process context's
+/// `threadlocal.attribute_key_map` ([`crate::otel_ctx::ATTRIBUTE_KEYS`]), a length
+/// and that many UTF-8 bytes. Packed as the OTEP lays it out (28 bytes before the
+/// attributes, no padding: `#[repr(C)]` puts every field at its natural alignment).
+///
+/// Written once when the labels are built; only `valid` changes after, cleared when
+/// the span ends.
+#[cfg(spanprof_otel_ctx)]
+#[repr(C)]
+pub(crate) struct ThreadCtxRecord {
+    pub(crate) trace_id: [u8; 16],
+    pub(crate) span_id: [u8; 8],
+    pub(crate) valid: AtomicU8,
+    pub(crate) trace_flags: u8,
+    pub(crate) attrs_size: u16,
+    pub(crate) attrs: [u8; THREAD_CTX_ATTRS],
+}
+
+/// Room for the attributes: the route and the span name, each at most
+/// [`crate::MAX_NAME_LEN`] bytes after its key and length. The whole record (288
+/// bytes) stays under the 640 the OTEP recommends.
+#[cfg(spanprof_otel_ctx)]
+pub(crate) const THREAD_CTX_ATTRS: usize = 2 * (2 + crate::intern::MAX_NAME_LEN);
+
+#[cfg(spanprof_otel_ctx)]
+const _: () = {
+    assert!(std::mem::offset_of!(ThreadCtxRecord, valid) == 24);
+    assert!(std::mem::offset_of!(ThreadCtxRecord, attrs_size) == 26);
+    assert!(std::mem::offset_of!(ThreadCtxRecord, attrs) == 28);
+    assert!(std::mem::offset_of!(LabelRecord, otel) == 0);
+};
+
+#[cfg(spanprof_otel_ctx)]
+impl ThreadCtxRecord {
+    /// The record of a span: its ids, flags and attributes (`(key index, value)`,
+    /// empty values left out).
+    pub(crate) fn new(
+        trace_id: u128,
+        span_id: u64,
+        trace_flags: u8,
+        attributes: [(u8, &str); 2],
+    ) -> Self {
+        let mut attrs = [0u8; THREAD_CTX_ATTRS];
+        let mut at = 0;
+        for (key, value) in attributes {
+            let len = value.len().min(crate::intern::MAX_NAME_LEN);
+            if len == 0 {
+                continue;
+            }
+            attrs[at] = key;
+            attrs[at + 1] = len as u8;
+            attrs[at + 2..at + 2 + len].copy_from_slice(&value.as_bytes()[..len]);
+            at += 2 + len;
+        }
+        // No trace (a request without a trace context gets a span id of spanprof's
+        // own): the OTEP wants both ids set or neither, and no flags then.
+        let (span_id, trace_flags) = if trace_id == 0 {
+            (0, 0)
+        } else {
+            (span_id, trace_flags)
+        };
+        ThreadCtxRecord {
+            trace_id: trace_id.to_be_bytes(),
+            span_id: span_id.to_be_bytes(),
+            valid: AtomicU8::new(1),
+            trace_flags,
+            attrs_size: at as u16,
+            attrs,
+        }
+    }
+}
+
+#[cfg(spanprof_otel_ctx)]
+impl std::fmt::Debug for ThreadCtxRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadCtxRecord")
+            .field("valid", &self.valid)
+            .field("trace_flags", &self.trace_flags)
+            .field("attrs_size", &self.attrs_size)
+            .finish_non_exhaustive()
     }
 }

@@ -60,6 +60,14 @@ so tasks a request spawns are not labelled and idle runtime threads are not samp
 build the runtime with let mut b = tokio::runtime::Builder::new_multi_thread(); spanprof::install_runtime_hooks(&mut b); \
 let rt = b.enable_all().build()?; and run your server with rt.block_on(...)";
 
+/// Logged at start with the feature `otel-thread-ctx` when the executable does not
+/// export `otel_thread_ctx_v1`, so outside profilers cannot find the thread context.
+pub const THREAD_CTX_NOT_EXPORTED: &str = "spanprof: the feature otel-thread-ctx is on but this executable does not export the symbol otel_thread_ctx_v1, so profilers outside the process (the OpenTelemetry eBPF profiler) cannot read which span each thread runs. Add one line to your binary's build.rs: println!(\"cargo:rustc-link-arg=-Wl,--export-dynamic-symbol=otel_thread_ctx_v1\"); or to .cargo/config.toml: [build] rustflags = [\"-C\", \"link-arg=-Wl,--export-dynamic-symbol=otel_thread_ctx_v1\"] (docs/ebpf-profiler.md)";
+
+/// Logged at start with the feature `otel-thread-ctx` where it does nothing (it is
+/// implemented on Linux on x86_64).
+pub const THREAD_CTX_UNSUPPORTED: &str = "spanprof: the feature otel-thread-ctx publishes nothing on this target: OpenTelemetry's thread and process context are implemented on Linux on x86_64 only";
+
 /// Unlabelled samples under one unprofiled span before it is reported (about half a
 /// second of CPU at the default baseline), and the share of its samples they must be.
 const UNPROFILED_MIN_SAMPLES: u64 = 50;
@@ -103,6 +111,8 @@ Profile such spans with SpanProfileLayer::new().profile_roots(\"{name}\", RouteP
 const FRAME_POINTERS: u8 = 1;
 const TOKIO_UNSTABLE: u8 = 2;
 const RUNTIME_HOOKS: u8 = 4;
+const THREAD_CTX: u8 = 8;
+const THREAD_CTX_TARGET: u8 = 16;
 
 /// Warnings found but not yet logged: a check can run before the service installs
 /// its `tracing` subscriber (the runtime is often built first), so a warning waits
@@ -181,11 +191,13 @@ pub(crate) fn emit_pending() {
         (FRAME_POINTERS, NO_FRAME_POINTERS),
         (TOKIO_UNSTABLE, NO_TOKIO_UNSTABLE),
         (RUNTIME_HOOKS, NO_RUNTIME_HOOKS),
+        (THREAD_CTX, THREAD_CTX_NOT_EXPORTED),
+        (THREAD_CTX_TARGET, THREAD_CTX_UNSUPPORTED),
     ] {
         if fresh & bit == 0 {
             continue;
         }
-        if bit == RUNTIME_HOOKS {
+        if bit == RUNTIME_HOOKS || bit == THREAD_CTX_TARGET {
             tracing::warn!("{message}");
         } else {
             tracing::warn!("{message}{}", rustflags_cause(rustflags_variable()));
@@ -212,6 +224,18 @@ pub(crate) fn check_build(frame_pointers: Option<bool>, unwinding: crate::Unwind
     if !cfg!(tokio_unstable) {
         report(TOKIO_UNSTABLE);
     }
+}
+
+/// At start with the feature `otel-thread-ctx`: the symbol is not exported.
+#[cfg(spanprof_otel_ctx)]
+pub(crate) fn thread_ctx_not_exported() {
+    report(THREAD_CTX);
+}
+
+/// At start with the feature `otel-thread-ctx` on a target where it does nothing.
+#[cfg(all(feature = "otel-thread-ctx", not(spanprof_otel_ctx)))]
+pub(crate) fn thread_ctx_unsupported() {
+    report(THREAD_CTX_TARGET);
 }
 
 /// At [`crate::install_runtime_hooks`].

@@ -185,6 +185,13 @@ impl<P: SpanProcessor> SpanProcessor for SpanProfileProcessor<P> {
     /// built: its `service.name` becomes the one spanprof's sinks file profiles under.
     fn set_resource(&mut self, resource: &Resource) {
         record_service_name(resource);
+        // The same Resource for profilers outside the process (OTEP 4719).
+        #[cfg(feature = "otel-thread-ctx")]
+        spanprof_core::set_process_context_resource(
+            resource
+                .iter()
+                .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
+        );
         self.next.set_resource(resource);
     }
 }

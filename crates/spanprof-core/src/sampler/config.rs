@@ -25,9 +25,25 @@ pub const DEFAULT_DRAIN_INTERVAL: Duration = Duration::from_millis(250);
 /// kernel tick (`CONFIG_HZ`, 250 on the machines this was measured on).
 pub const TIMER_MAX_HZ: u32 = 250;
 
+/// Whether the process samples itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Sampling {
+    /// spanprof's own sampler: per-thread timers and perf events, the signal
+    /// handler, the collector and the store. The default.
+    #[default]
+    InProcess,
+    /// Labels only, for a service profiled from outside (the OpenTelemetry eBPF
+    /// profiler, with the feature `otel-thread-ctx`): spanprof's labels, runtime
+    /// hooks and layers work as usual, but nothing samples in the process (no signal,
+    /// no timer, no collector thread); the store stays empty.
+    LabelsOnly,
+}
+
 /// Configures and starts a [`Profiler`]. Every setter documents its default.
 #[derive(Debug, Clone)]
 pub struct ProfilerBuilder {
+    pub(super) sampling: Sampling,
     pub(super) baseline_hz: u32,
     pub(super) high_hz: u32,
     pub(super) ring_capacity: usize,
@@ -48,6 +64,7 @@ impl ProfilerBuilder {
     /// A builder with the documented defaults.
     pub fn new() -> Self {
         ProfilerBuilder {
+            sampling: Sampling::InProcess,
             baseline_hz: DEFAULT_BASELINE_HZ,
             high_hz: DEFAULT_HIGH_HZ,
             ring_capacity: DEFAULT_RING_CAPACITY,
@@ -57,6 +74,21 @@ impl ProfilerBuilder {
             cache_bytes: DEFAULT_CACHE_BYTES,
             unwinding: Unwinding::DwarfCfi,
         }
+    }
+
+    /// Whether the process samples itself. Defaults to [`Sampling::InProcess`];
+    /// [`Sampling::LabelsOnly`] for a service profiled from outside.
+    ///
+    /// ```
+    /// use spanprof_core::{Profiler, Sampling};
+    /// let labels_only = Profiler::builder().sampling(Sampling::LabelsOnly).start()?;
+    /// assert_eq!(labels_only.capabilities().sampling, Sampling::LabelsOnly);
+    /// labels_only.stop();
+    /// # Ok::<(), spanprof_core::ProfilerError>(())
+    /// ```
+    pub fn sampling(mut self, sampling: Sampling) -> Self {
+        self.sampling = sampling;
+        self
     }
 
     /// Samples per CPU-second of every registered thread. Defaults to
@@ -207,14 +239,21 @@ impl ProfilerBuilder {
     }
 
     /// Starts the profiler: installs the signal handler, arms every registered
-    /// thread and starts the collector thread.
+    /// thread and starts the collector thread ([`Sampling::InProcess`]), or none of
+    /// that ([`Sampling::LabelsOnly`]). With the feature `otel-thread-ctx`, publishes
+    /// OpenTelemetry's process context.
     pub fn start(self) -> Result<Profiler, ProfilerError> {
         self.validate()?;
         let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
         if running.is_some() {
             return Err(ProfilerError::AlreadyRunning);
         }
-        let inner = start_platform(self)?;
+        let inner = match self.sampling {
+            Sampling::InProcess => start_platform(self)?,
+            Sampling::LabelsOnly => start_labels_only(self),
+        };
+        #[cfg(feature = "otel-thread-ctx")]
+        crate::otel_ctx::on_start();
         *running = Some(inner.clone());
         Ok(Profiler { inner })
     }

@@ -64,6 +64,7 @@ pub(super) fn start_platform(cfg: ProfilerBuilder) -> Result<Arc<ProfilerInner>,
     ));
     crate::setup::check_build(frame_pointers, unwinding);
     let caps = Capabilities {
+        sampling: Sampling::InProcess,
         mechanism,
         unwinding,
         frame_pointers,
@@ -106,6 +107,34 @@ pub(super) fn start_platform(cfg: ProfilerBuilder) -> Result<Arc<ProfilerInner>,
     }))
 }
 
+/// [`Sampling::LabelsOnly`]: a profiler that samples nothing. No handler, timer or
+/// collector; threads are not armed (none is registered lazily either).
+pub(super) fn start_labels_only(cfg: ProfilerBuilder) -> Arc<ProfilerInner> {
+    crate::setup::profiler_started(
+        "spanprof: labels only: spans are labelled on every poll, nothing samples in this process"
+            .to_owned(),
+    );
+    let store = SpanProfileStore::new(
+        cfg.store.clone(),
+        1_000_000_000 / u64::from(cfg.baseline_hz),
+    );
+    Arc::new(ProfilerInner {
+        caps: Capabilities {
+            sampling: Sampling::LabelsOnly,
+            mechanism: Mechanism::Unavailable,
+            unwinding: cfg.unwinding,
+            frame_pointers: None,
+            baseline_hz: cfg.baseline_hz,
+            high_hz: cfg.high_hz,
+            effective_high_hz: 0,
+            max_high_hz: 0,
+        },
+        store_max_bytes: cfg.store.max_bytes,
+        store,
+        collector: Mutex::new(None),
+    })
+}
+
 #[cfg(not(spanprof_sampler))]
 pub(super) fn start_platform(_cfg: ProfilerBuilder) -> Result<Arc<ProfilerInner>, ProfilerError> {
     tracing::warn!("spanprof: CPU profiling is only available on Linux; labels still work");
@@ -117,7 +146,10 @@ pub(super) fn start_platform(_cfg: ProfilerBuilder) -> Result<Arc<ProfilerInner>
 /// What the running profiler can do here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Capabilities {
-    /// How the high rate is reached.
+    /// Whether the process samples itself.
+    pub sampling: Sampling,
+    /// How the high rate is reached ([`Mechanism::Unavailable`] with
+    /// [`Sampling::LabelsOnly`]).
     pub mechanism: Mechanism,
     /// How stacks are unwound.
     pub unwinding: Unwinding,
@@ -331,7 +363,9 @@ impl Profiler {
         if !is_current {
             return;
         }
-        stop_platform();
+        if self.inner.caps.sampling == Sampling::InProcess {
+            stop_platform();
+        }
         if let Some(c) = self
             .inner
             .collector

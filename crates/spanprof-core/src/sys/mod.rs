@@ -9,6 +9,10 @@
 #![allow(unsafe_code)]
 
 pub(crate) mod pool;
+#[cfg(spanprof_otel_ctx)]
+pub(crate) mod process_ctx;
+#[cfg(spanprof_otel_ctx)]
+pub(crate) mod thread_ctx;
 pub(crate) use slot::outer_span_metadata;
 #[cfg(feature = "testing")]
 mod quarantine;
@@ -209,4 +213,21 @@ pub(crate) fn dlopen_symbol(lib: &std::ffi::CStr, sym: &std::ffi::CStr) -> Optio
     // SAFETY: `handle` is a live handle from dlopen; `sym` is NUL-terminated.
     let addr = unsafe { libc::dlsym(handle, sym.as_ptr()) } as u64;
     (addr != 0).then_some(addr)
+}
+
+/// Forks this process; the child only sleeps `secs` seconds and exits (nothing but
+/// async-signal-safe calls, as a child of a threaded process must), the parent gets
+/// its pid (-1 on failure). For tests of what a child inherits.
+#[cfg(all(target_os = "linux", feature = "testing"))]
+pub fn fork_sleeping_child(secs: u32) -> i32 {
+    // SAFETY: in the child only `sleep` and `_exit` run, both async-signal-safe; no
+    // lock, allocation or destructor of the parent's state is touched there.
+    unsafe {
+        let pid = libc::fork();
+        if pid == 0 {
+            libc::sleep(secs);
+            libc::_exit(0);
+        }
+        pid
+    }
 }

@@ -12,10 +12,22 @@ use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use super::pool::RecordRef;
 use crate::record::LabelRecord;
 
+#[cfg(not(spanprof_otel_ctx))]
 thread_local! {
     // `const` initialisation and no `Drop`: access is a plain TLS offset, with no lazy
     // initialisation and no destructor registration, so a signal handler may read it.
     static SLOT: AtomicPtr<LabelRecord> = const { AtomicPtr::new(ptr::null_mut()) };
+}
+
+/// Runs `f` with this thread's slot: a Rust thread-local, or with the feature
+/// `otel-thread-ctx` the exported TLS variable `otel_thread_ctx_v1`
+/// (`super::thread_ctx`), which outside profilers read.
+#[inline(always)]
+fn with_slot<R>(f: impl FnOnce(&AtomicPtr<LabelRecord>) -> R) -> R {
+    #[cfg(not(spanprof_otel_ctx))]
+    return SLOT.with(f);
+    #[cfg(spanprof_otel_ctx)]
+    return super::thread_ctx::with_slot(f);
 }
 
 #[cfg(tokio_unstable)]
@@ -181,7 +193,7 @@ pub(crate) fn pop_detached(record: &LabelRecord) -> bool {
 /// Publishes `record` in this thread's slot and returns what was there.
 #[inline(always)]
 pub(crate) fn replace(record: *const LabelRecord) -> *const LabelRecord {
-    SLOT.with(|s| {
+    with_slot(|s| {
         let prev = s.load(Ordering::Relaxed);
         // Release: the handler that interrupts this thread after the store sees the
         // record's contents (a plain store on x86_64).
@@ -193,13 +205,13 @@ pub(crate) fn replace(record: *const LabelRecord) -> *const LabelRecord {
 /// Restores a value returned by [`replace`].
 #[inline(always)]
 pub(crate) fn restore(prev: *const LabelRecord) {
-    SLOT.with(|s| s.store(prev.cast_mut(), Ordering::Release));
+    with_slot(|s| s.store(prev.cast_mut(), Ordering::Release));
 }
 
 /// The record in this thread's slot (null when none). Signal-safe.
 #[inline(always)]
 pub(crate) fn current_ptr() -> *const LabelRecord {
-    SLOT.with(|s| s.load(Ordering::Acquire))
+    with_slot(|s| s.load(Ordering::Acquire))
 }
 
 /// A new reference to the label record in this thread's slot, if any.

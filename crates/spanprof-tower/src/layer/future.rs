@@ -95,6 +95,8 @@ pin_project_lite::pin_project! {
         fn drop(this: Pin<&mut Self>) {
             let mut this = this.project();
             if let Some(p) = this.profile.as_ref() {
+                // The request is over.
+                p.labels.withdraw_thread_context();
                 let _labels = p.labels.enter();
                 this.inner.set(None);
                 p.publish();
@@ -123,10 +125,25 @@ impl<B: Body> Body for ProfiledBody<B> {
         };
         match this.profile.as_mut() {
             Some(p) => {
-                let out = p.poll(|| inner.poll_frame(cx));
-                if matches!(out, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
-                    // End of stream: publish before the span around us ends.
-                    p.publish();
+                let mut inner = inner;
+                let out = p.poll(|| inner.as_mut().poll_frame(cx));
+                let end = match &out {
+                    Poll::Ready(None) | Poll::Ready(Some(Err(_))) => {
+                        // End of stream: publish before the span around us ends.
+                        p.publish();
+                        true
+                    }
+                    // The last frame: the server may not poll again, and may drop
+                    // the body only at the connection's next request.
+                    Poll::Ready(Some(Ok(_))) => inner.is_end_stream(),
+                    Poll::Pending => false,
+                };
+                if end {
+                    // Outside profilers stop reading the request's labels before
+                    // OpenTelemetry stamps its span's end (at the span's exit
+                    // around this poll), even in a task it spawned that is still
+                    // inside its last poll.
+                    p.labels.withdraw_thread_context();
                 }
                 out
             }

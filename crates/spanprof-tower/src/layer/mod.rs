@@ -385,6 +385,7 @@ impl Correlator {
             .root_span_id(trace.span_id)
             .span_name_id(entry.span_name)
             .route_id(entry.route)
+            .trace_flags(u8::from(trace.sampled))
             .hot(hot);
         if let Some(after) = policy.slow_after {
             b = b.slow_after(after);
