@@ -174,7 +174,8 @@ impl RecordRef {
     }
 
     /// Gives up this reference as a raw pointer, to be released once with
-    /// [`RecordRef::release_raw`].
+    /// [`RecordRef::release_raw`] (the task hooks keep a task's labels this way).
+    #[cfg(tokio_unstable)]
     #[inline]
     pub(crate) fn into_raw(self) -> *const LabelRecord {
         let p = self.as_ptr();
@@ -186,6 +187,7 @@ impl RecordRef {
     ///
     /// # Safety
     /// `p` must come from [`RecordRef::into_raw`] and be released once.
+    #[cfg(tokio_unstable)]
     #[inline]
     pub(crate) unsafe fn release_raw(p: *const LabelRecord) {
         // SAFETY: the caller passes the pointer of a reference it owns.
