@@ -4,7 +4,7 @@
 # symbolization), then REC more seconds under `perf record` of the collector thread
 # alone. Prints the collector's and the drain thread's CPU per request over the
 # recording; the profile is left in /tmp/collector.perf.data
-# (docs/overhead-history.md, 11.).
+# (docs/lab/overhead-history.md, 11.).
 #
 #   cargo build --release -p spanprof-bench --bin overhead
 #   benches/collector_perf.sh baseline 90 60

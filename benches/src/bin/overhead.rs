@@ -30,7 +30,7 @@
 //!
 //! With `--concurrent`, each round loads every server at the same time instead, each
 //! at 1/n of the rate (n servers): the machine's other load then falls on every mode
-//! alike within a round, which narrows the paired ratios (docs/benchmarks.md).
+//! alike within a round, which narrows the paired ratios (docs/performance.md).
 //!
 //! With `--restarts K`, the rounds are split into K segments, each on freshly started
 //! server processes (the stack's rate is calibrated once): two identical server
@@ -684,7 +684,7 @@ impl Series {
 /// code's physical pages, and with them cache lines of code in L2 and L3, which a
 /// server running a file of its own does not. Before these copies, every mode but
 /// `compare` and `pyroscope` shared the load generator's file, and an A/A run with a
-/// byte-identical copy as `compare` read 0.951 (run 44, docs/overhead-history.md 15.):
+/// byte-identical copy as `compare` read 0.951 (an A/A run that should read 1):
 /// the paired before/after figures favoured the newer build by up to 5 %.
 struct Copies {
     dir: Option<std::path::PathBuf>,

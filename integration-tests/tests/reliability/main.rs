@@ -148,8 +148,8 @@ fn perf_profiler_at_1khz() -> Profiler {
 
 /// Hot work whose span ends pauses its thread's perf event, so the cold work after it
 /// takes no high-rate signal: each such signal costs a delivery and a re-arm (about
-/// 30 µs on a KVM guest) for no sample. The overhead benchmark's `hot10` server took
-/// 0.7 of them per hot request (docs/benchmarks.md).
+/// 30 µs on a KVM guest) for no sample, and the overhead benchmark's `hot10` server
+/// took 0.7 of them per hot request before they were paused.
 #[test]
 fn hot_work_that_ends_leaves_no_high_rate_signal_in_cold_work() {
     let _s = support::serial();
