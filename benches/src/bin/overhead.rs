@@ -56,7 +56,7 @@
 //! With `--modes baseline,baseline-nospans,baseline-nohooks` it runs `stack` and the
 //! listed modes only (`--modes ablations`: every ablation; an unknown name is an error), including ablations of `baseline` (no tracing integration, no
 //! `SpanProfileLayer`, no `SpanProfileProcessor`, no runtime hooks) that show where
-//! spanprof's cost per request goes; `benches/callgrind_servers.py` counts the same
+//! spanprof's cost per request goes; `benches/scripts/callgrind_servers.py` counts the same
 //! servers' instructions per function.
 //!
 //! `cargo run --release -p spanprof-bench --bin overhead -- --json --anchor benches/anchors/pyroscope-overhead/target/release/anchor-pyroscope-overhead [--rounds 15] [--round-secs 2] [--workloads json,checkout] [--plot docs/overhead.png]`

@@ -435,7 +435,7 @@ pub fn ended_unexported() -> u64 {
 /// (by its id); when all eight hold other spans, the oldest of those goes (oldest in
 /// exports of [`crate::SpanProfileProcessor::batch`]; when equally old, the first of
 /// the bucket). So a few spans go before the table is full: simulated
-/// (`benches/registry_window.py`), 0.001 % of those tracked with an eighth of the
+/// (`benches/scripts/registry_window.py`), 0.001 % of those tracked with an eighth of the
 /// table held (the default batch queue full: 4 spans in 400 000), 0.026 % with a fifth. Held are live
 /// spans, and with [`crate::SpanProfileProcessor::batch`] ended spans whose figures
 /// wait for the batch processor's thread (those no batch carries are swept, and

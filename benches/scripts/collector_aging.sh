@@ -4,11 +4,11 @@
 # /proc/PID/task/*/schedstat after each (docs/lab/overhead-history.md, 6.).
 #
 #   cargo build --release -p spanprof-bench --bin overhead
-#   benches/collector_aging.sh baseline 1000 60 5
+#   benches/scripts/collector_aging.sh baseline 1000 60 5
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MODE=$1; RATE=$2; CHUNK=$3; N=$4
-. benches/serve.sh
+. benches/scripts/serve.sh
 start_server "$MODE"
 cpu() { echo "$(thread_cpu spanprof-collec) $(thread_cpu tokio-rt-worker)"; }
 read c0 w0 < <(cpu)

@@ -7,12 +7,12 @@
 # (docs/lab/overhead-history.md, 11.).
 #
 #   cargo build --release -p spanprof-bench --bin overhead
-#   benches/collector_perf.sh baseline 90 60
+#   benches/scripts/collector_perf.sh baseline 90 60
 #   perf report -i /tmp/collector.perf.data --children --sort sym
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MODE=${1:-baseline}; WARM=${2:-90}; REC=${3:-60}
-. benches/serve.sh
+. benches/scripts/serve.sh
 start_server "$MODE"
 $EXE load --url $URL --workload json --secs $WARM --rate 1000 >/dev/null
 C=$(thread_ids spanprof-collec)
