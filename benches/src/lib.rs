@@ -312,9 +312,11 @@ pub fn run_and_score(w: &Workload, profiler: &spanprof::Profiler, hooks: bool) -
 /// Iterations of `BURNERS[class]` that take about one microsecond of CPU here.
 pub fn iterations_per_us(class: usize) -> u64 {
     let n = 2_000_000;
-    let start = spanprof::thread_cpu_time();
+    let start = spanprof::stats::thread_cpu_time();
     black_box(BURNERS[class].1(n));
-    let ns = (spanprof::thread_cpu_time() - start).as_nanos().max(1) as u64;
+    let ns = (spanprof::stats::thread_cpu_time() - start)
+        .as_nanos()
+        .max(1) as u64;
     (n * 1000 / ns).max(1)
 }
 
@@ -369,12 +371,12 @@ impl Interleaving {
                 let mut spent = [0u64; 2];
                 while spent[0] < self.hot_cpu_ms * 1_000_000 {
                     for (i, labels) in [&hot, &cold].into_iter().enumerate() {
-                        let start = spanprof::thread_cpu_time();
+                        let start = spanprof::stats::thread_cpu_time();
                         {
                             let _poll = labels.enter();
                             black_box(BURNERS[i].1(iters[i]));
                         }
-                        spent[i] += (spanprof::thread_cpu_time() - start).as_nanos() as u64;
+                        spent[i] += (spanprof::stats::thread_cpu_time() - start).as_nanos() as u64;
                     }
                 }
                 (spent[0], spent[1])

@@ -73,6 +73,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
+use spanprof::ProfileScope;
 use spanprof::export::{ProfileSource, PyroscopeConfig, PyroscopeExporter};
 use spanprof::tower::{
     ProfileCorrelationLayer, RoutePolicy, SpanProfileLayer, SpanProfileProcessor,
@@ -140,17 +141,17 @@ fn handler_cost() {
         .map(|s| serde_json::to_vec(&service::sample_order(s)).unwrap())
         .collect();
     let n = 20_000;
-    let t = spanprof::thread_cpu_time();
+    let t = spanprof::stats::thread_cpu_time();
     for i in 0..n {
         std::hint::black_box(service::handle_order(&bodies[i % 64]).expect("valid order"));
     }
-    let us = (spanprof::thread_cpu_time() - t).as_secs_f64() * 1e6 / n as f64;
+    let us = (spanprof::stats::thread_cpu_time() - t).as_secs_f64() * 1e6 / n as f64;
     let bytes = bodies.iter().map(Vec::len).sum::<usize>() / bodies.len();
     println!("{us:.1} µs of CPU per call, request body {bytes} bytes");
 }
 
 fn process_cpu_ns() -> u64 {
-    spanprof::process_cpu_time().as_nanos() as u64
+    spanprof::stats::process_cpu_time().as_nanos() as u64
 }
 
 fn serve(mode: &str, sink: &str) {
@@ -249,7 +250,7 @@ fn serve(mode: &str, sink: &str) {
     let _push = (mode != "labels-only").then(|| {
         PyroscopeExporter::start(
             PyroscopeConfig::new(sink),
-            ProfileSource::profiler(&profiler, false),
+            ProfileSource::profiler(&profiler, ProfileScope::LocalRoot),
         )
         .expect("pyroscope push")
     });

@@ -11,6 +11,7 @@ use std::hash::Hash;
 
 /// Counters of one bounded cache.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CacheStats {
     /// Entries held.
     pub entries: usize,
