@@ -433,6 +433,21 @@ pub fn arg(name: &str) -> Option<String> {
         .cloned()
 }
 
+/// Registers a system TrueType font (DejaVu Sans, else Liberation Sans) as plotters'
+/// `sans-serif`, for the benches' plots.
+pub fn register_plot_font() -> Result<(), String> {
+    let font = [
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+    ]
+    .iter()
+    .find_map(|p| std::fs::read(p).ok())
+    .ok_or("no TrueType font found (install fonts-dejavu-core)")?;
+    let font: &'static [u8] = Box::leak(font.into_boxed_slice());
+    plotters::style::register_font("sans-serif", plotters::style::FontStyle::Normal, font)
+        .map_err(|_| "bad font".to_owned())
+}
+
 /// Whether `--name` is on this program's command line.
 pub fn flag(name: &str) -> bool {
     std::env::args().any(|a| a == name)

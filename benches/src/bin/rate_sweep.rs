@@ -418,16 +418,7 @@ mod plot {
         rows: &[serde_json::Value],
         anchor: Option<&serde_json::Value>,
     ) -> Result<(), String> {
-        let font = [
-            "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-            "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
-        ]
-        .iter()
-        .find_map(|p| std::fs::read(p).ok())
-        .ok_or("no TrueType font found (install fonts-dejavu-core)")?;
-        let font: &'static [u8] = Box::leak(font.into_boxed_slice());
-        plotters::style::register_font("sans-serif", FontStyle::Normal, font)
-            .map_err(|_| "bad font")?;
+        spanprof_bench::register_plot_font()?;
         let root = BitMapBackend::new(path, (1100, 460)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| e.to_string())?;
         let (left, right) = root.split_horizontally(550);
