@@ -312,9 +312,11 @@ pub fn run_and_score(w: &Workload, profiler: &spanprof::Profiler, hooks: bool) -
 /// Iterations of `BURNERS[class]` that take about one microsecond of CPU here.
 pub fn iterations_per_us(class: usize) -> u64 {
     let n = 2_000_000;
-    let start = spanprof::thread_cpu_time();
+    let start = spanprof::stats::thread_cpu_time();
     black_box(BURNERS[class].1(n));
-    let ns = (spanprof::thread_cpu_time() - start).as_nanos().max(1) as u64;
+    let ns = (spanprof::stats::thread_cpu_time() - start)
+        .as_nanos()
+        .max(1) as u64;
     (n * 1000 / ns).max(1)
 }
 
@@ -369,12 +371,12 @@ impl Interleaving {
                 let mut spent = [0u64; 2];
                 while spent[0] < self.hot_cpu_ms * 1_000_000 {
                     for (i, labels) in [&hot, &cold].into_iter().enumerate() {
-                        let start = spanprof::thread_cpu_time();
+                        let start = spanprof::stats::thread_cpu_time();
                         {
                             let _poll = labels.enter();
                             black_box(BURNERS[i].1(iters[i]));
                         }
-                        spent[i] += (spanprof::thread_cpu_time() - start).as_nanos() as u64;
+                        spent[i] += (spanprof::stats::thread_cpu_time() - start).as_nanos() as u64;
                     }
                 }
                 (spent[0], spent[1])
@@ -429,6 +431,21 @@ pub fn arg(name: &str) -> Option<String> {
         .position(|a| a == name)
         .and_then(|i| args.get(i + 1))
         .cloned()
+}
+
+/// Registers a system TrueType font (DejaVu Sans, else Liberation Sans) as plotters'
+/// `sans-serif`, for the benches' plots.
+pub fn register_plot_font() -> Result<(), String> {
+    let font = [
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+    ]
+    .iter()
+    .find_map(|p| std::fs::read(p).ok())
+    .ok_or("no TrueType font found (install fonts-dejavu-core)")?;
+    let font: &'static [u8] = Box::leak(font.into_boxed_slice());
+    plotters::style::register_font("sans-serif", plotters::style::FontStyle::Normal, font)
+        .map_err(|_| "bad font".to_owned())
 }
 
 /// Whether `--name` is on this program's command line.

@@ -242,15 +242,15 @@ pub fn run_labelled(pattern: &StackPattern, span_id: u64, cpu: Duration) -> Dura
             .hot(Hotness::Sampled)
             .build();
         let _g = labels.enter();
-        let start = spanprof::thread_cpu_time();
-        while spanprof::thread_cpu_time() - start < cpu {
+        let start = spanprof::stats::thread_cpu_time();
+        while spanprof::stats::thread_cpu_time() - start < cpu {
             // About a millisecond of work between two reads of the clock, so the
             // loop's own code is a negligible share of the samples.
             for _ in 0..8 {
                 (pattern.run)(black_box(4));
             }
         }
-        spanprof::thread_cpu_time() - start
+        spanprof::stats::thread_cpu_time() - start
     })
     .join()
     .expect("pattern thread")

@@ -9,11 +9,10 @@ pub mod burner {
 
 /// The documentation's pages under `docs/`, whose Rust snippets `cargo test --doc`
 /// compiles and runs here (this crate has every dependency they use). Every page is
-/// listed (`tests/docs` checks it), so a snippet added to any of them is tested.
+/// listed (`tests/docs` checks it), so a snippet added to any of them is tested. The
+/// historical notebooks under `docs/lab/` hold no Rust snippets and are not listed.
 #[cfg(doctest)]
 pub mod docs {
-    #[doc = include_str!("../../docs/benchmarks.md")]
-    pub mod benchmarks {}
     #[doc = include_str!("../../docs/design.md")]
     pub mod design {}
     #[doc = include_str!("../../docs/ebpf-profiler.md")]
@@ -22,8 +21,8 @@ pub mod docs {
     pub mod grafana {}
     #[doc = include_str!("../../docs/layer.md")]
     pub mod layer {}
-    #[doc = include_str!("../../docs/overhead-history.md")]
-    pub mod overhead_history {}
+    #[doc = include_str!("../../docs/performance.md")]
+    pub mod performance {}
     #[doc = include_str!("../../docs/sinks.md")]
     pub mod sinks {}
     #[doc = include_str!("../../docs/viewer.md")]

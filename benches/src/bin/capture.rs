@@ -27,12 +27,12 @@ fn main() {
     let (cpu, samples) = std::thread::spawn(move || {
         spanprof::register_current_thread();
         let _g = labels.enter();
-        let cpu0 = spanprof::thread_cpu_time();
+        let cpu0 = spanprof::stats::thread_cpu_time();
         let end = Instant::now() + Duration::from_secs_f64(seconds);
         while Instant::now() < end {
             BURNERS[0].1(10_000);
         }
-        let cpu = spanprof::thread_cpu_time() - cpu0;
+        let cpu = spanprof::stats::thread_cpu_time() - cpu0;
         (cpu, labels.cpu_samples())
     })
     .join()

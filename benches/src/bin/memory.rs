@@ -74,7 +74,7 @@ fn main() {
         "rss_max_mib": rss_max,
         "rss_growth_mib": rss_max - rss_start,
         "store_bytes_max_mib": bytes_max as f64 / 1048576.0,
-        "store_bound_mib": spanprof::DEFAULT_MAX_BYTES as f64 / 1048576.0,
+        "store_bound_mib": spanprof::defaults::DEFAULT_MAX_BYTES as f64 / 1048576.0,
         "store_spans": store.spans,
         "store_stacks": store.stacks,
         "spans_evicted": store.spans_evicted,
@@ -82,7 +82,7 @@ fn main() {
         "samples": sampler.samples,
         "dropped_ring_full": sampler.dropped_ring_full,
         "dropped_backlog": sampler.dropped_backlog,
-        "interned_names": spanprof::intern_stats().names,
+        "interned_names": spanprof::stats::intern_stats().names,
     }));
     profiler.stop();
 }

@@ -14,7 +14,7 @@
 //! With `--floor` it measures spanprof's cost per sample at 1 kHz against the
 //! machine's floor (an empty handler, a signal-free kernel ring). With
 //! `--pause-resume` it times what a hot request's resume and pause of its thread's
-//! perf event cost (`spanprof::sample_floor_probe::pause_resume_cost`, `--iterations`
+//! perf event cost (`spanprof_core::sample_floor_probe::pause_resume_cost`, `--iterations`
 //! pairs per round, 200 000 by default), beside a thread CPU clock read and `getppid`.
 //! With `--unwind` it times one walk of a stack by each of the handler's unwinders
 //! (frame pointers; DWARF with a warm and with a cold cache).
@@ -73,13 +73,13 @@ fn run_sampled(secs: f64, sampling: Sampling) -> (f64, f64) {
                     .build();
                 let _g = profiled.then(|| l.enter());
                 let probe = floor::Probe::start(sampling);
-                let cpu0 = spanprof::thread_cpu_time();
+                let cpu0 = spanprof::stats::thread_cpu_time();
                 let mut iters = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     BURNERS[t as usize].1(1_000);
                     iters += 1;
                 }
-                let cpu = (spanprof::thread_cpu_time() - cpu0).as_secs_f64();
+                let cpu = (spanprof::stats::thread_cpu_time() - cpu0).as_secs_f64();
                 let samples = match &probe {
                     Some(p) => p.samples(),
                     None => l.cpu_samples(),
@@ -102,10 +102,10 @@ fn run_sampled(secs: f64, sampling: Sampling) -> (f64, f64) {
     (iters / cpu, samples / cpu)
 }
 
-/// The machine's floor per sample (`spanprof::sample_floor_probe`, Linux only).
+/// The machine's floor per sample (`spanprof_core::sample_floor_probe`, Linux only).
 mod floor {
     use super::Sampling;
-    use spanprof::sample_floor_probe::{RingProbe, SignalProbe};
+    use spanprof_core::sample_floor_probe::{RingProbe, SignalProbe};
 
     pub enum Probe {
         Signal(SignalProbe),
@@ -134,11 +134,11 @@ mod floor {
     }
 
     pub fn install() {
-        spanprof::sample_floor_probe::install_empty_handler().expect("probe handler");
+        spanprof_core::sample_floor_probe::install_empty_handler().expect("probe handler");
     }
 
     pub fn uninstall() {
-        spanprof::sample_floor_probe::uninstall_empty_handler();
+        spanprof_core::sample_floor_probe::uninstall_empty_handler();
     }
 }
 
@@ -287,7 +287,7 @@ fn floor_run(secs: f64, rounds: usize) {
 fn pause_resume_run(rounds: usize, iterations: u32) {
     let (mut pair, mut clock, mut plain) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {
-        let c = spanprof::sample_floor_probe::pause_resume_cost(iterations)
+        let c = spanprof_core::sample_floor_probe::pause_resume_cost(iterations)
             .expect("perf event (perf_event_paranoid <= 2)");
         eprintln!(
             "round {round}: ENABLE+DISABLE {:.2} µs, thread CPU clock {:.2} µs, getppid {:.2} µs",
@@ -316,7 +316,7 @@ fn unwind_run(rounds: usize, iterations: u32) {
         let (mut fp, mut dwarf, mut cold) = (Vec::new(), Vec::new(), Vec::new());
         let mut frames = (0, 0);
         for round in 0..rounds {
-            let c = spanprof::sample_floor_probe::unwind_cost(depth, iterations)
+            let c = spanprof_core::sample_floor_probe::unwind_cost(depth, iterations)
                 .expect("a DWARF unwinder (x86_64)");
             eprintln!(
                 "round {round}, depth {depth}: frame pointers {:.0} ns ({} frames), DWARF {:.0} ns ({} frames), DWARF cold {:.0} ns",
@@ -418,16 +418,7 @@ mod plot {
         rows: &[serde_json::Value],
         anchor: Option<&serde_json::Value>,
     ) -> Result<(), String> {
-        let font = [
-            "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-            "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
-        ]
-        .iter()
-        .find_map(|p| std::fs::read(p).ok())
-        .ok_or("no TrueType font found (install fonts-dejavu-core)")?;
-        let font: &'static [u8] = Box::leak(font.into_boxed_slice());
-        plotters::style::register_font("sans-serif", FontStyle::Normal, font)
-            .map_err(|_| "bad font")?;
+        spanprof_bench::register_plot_font()?;
         let root = BitMapBackend::new(path, (1100, 460)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| e.to_string())?;
         let (left, right) = root.split_horizontally(550);

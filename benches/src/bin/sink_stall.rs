@@ -14,6 +14,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use spanprof::ProfileScope;
 use spanprof::export::{ProfileSource, PyroscopeConfig, PyroscopeExporter};
 use spanprof::tower::{ProfileCorrelationLayer, RoutePolicy};
 use spanprof_bench::{BURNERS, arg, flag, print_json};
@@ -98,7 +99,11 @@ fn main() {
         let exporter = with_sink.then(|| {
             let mut cfg = PyroscopeConfig::new(format!("http://{stall_addr}"));
             cfg.interval = Duration::from_millis(100);
-            PyroscopeExporter::start(cfg, ProfileSource::profiler(&profiler, false)).unwrap()
+            PyroscopeExporter::start(
+                cfg,
+                ProfileSource::profiler(&profiler, ProfileScope::LocalRoot),
+            )
+            .unwrap()
         });
         let mut lat = rt.block_on(round(&url, secs, 4));
         lat.sort();

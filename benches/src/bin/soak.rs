@@ -240,7 +240,7 @@ fn main() {
         })
     };
     // A sink: a window taken and encoded every 10 s.
-    let window = profiler.window(spanprof::DEFAULT_WINDOW_ENTRIES);
+    let window = profiler.window(spanprof::defaults::DEFAULT_WINDOW_ENTRIES);
     let start = Instant::now();
     let mut series = Vec::new();
     let mut pprof_bytes = 0;

@@ -11,6 +11,7 @@ use std::hash::Hash;
 
 /// Counters of one bounded cache.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CacheStats {
     /// Entries held.
     pub entries: usize,
@@ -37,7 +38,7 @@ impl CacheStats {
 /// the collector and the request path touch per sample or per request: addresses,
 /// label ids, stack ids, interned names. With it the collector's work outside
 /// symbolization halved under Callgrind, and the layered request lost 508 of its
-/// 5 894 instructions (docs/benchmarks.md). The per-map random seed stays.
+/// 5 894 instructions. The per-map random seed stays.
 pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 struct Generation<K, V> {

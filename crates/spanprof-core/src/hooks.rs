@@ -67,6 +67,7 @@ pub const TASK_INHERITANCE: bool = cfg!(tokio_unstable);
 
 /// Counters of label inheritance by spawned tasks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct InheritanceStats {
     /// Tasks that captured labels at spawn.
     pub inherited: u64,

@@ -105,6 +105,7 @@ fn name_bytes(len: usize) -> usize {
 
 /// Counters of the name interner.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct InternStats {
     /// Distinct strings held.
     pub names: usize,
@@ -171,7 +172,7 @@ pub(crate) fn intern(s: &str) -> NameId {
             tracing::warn!(
                 max_names = max,
                 "spanprof: the span name and route interner is full ({max} distinct names, never forgotten); \
-                 new span names and routes read {OVERFLOW_NAME:?} from now on (counted in spanprof::intern_stats). \
+                 new span names and routes read {OVERFLOW_NAME:?} from now on (counted in spanprof::stats::intern_stats). \
                  Span names and routes must be templates (`/cart/{{id}}`), not raw paths, ids or user input; \
                  spanprof::set_max_names raises the bound"
             );

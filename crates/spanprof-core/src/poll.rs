@@ -26,6 +26,7 @@ use crate::sys;
 /// Exact poll accounting of one span: time inside polls, number of polls, longest
 /// poll. Kept by the poller (no sampling involved) and published on the labels.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PollStats {
     /// Wall time spent inside polls of the span's work, in nanoseconds.
     pub busy_ns: u64,

@@ -203,6 +203,7 @@ pub(crate) fn on_hot_end() {
 
 /// Counters of the sampler, summed over threads (including threads that ended).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SamplerStats {
     /// Threads registered now.
     pub threads: usize,

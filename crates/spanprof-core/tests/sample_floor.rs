@@ -1,4 +1,4 @@
-//! The per-sample floor probes (`spanprof::sample_floor_probe`, used by
+//! The per-sample floor probes (`spanprof_core::sample_floor_probe`, used by
 //! `rate_sweep --floor`) deliver samples: a busy thread at 1 kHz gets signals in the
 //! empty handler (re-armed after each one), and records in the kernel ring. Counts,
 //! not timings: each probe must see at least a fifth of the samples 150 ms of CPU

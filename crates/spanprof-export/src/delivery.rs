@@ -47,6 +47,7 @@ const OUTAGE_REMINDER: Duration = Duration::from_secs(300);
 
 /// How a sink delivers. Every field's default is the `DEFAULT_*` constant.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DeliveryConfig {
     /// Payloads held (waiting or being sent) while the server is slow or down. When
     /// a new payload finds the queue full, the oldest one is dropped and counted
@@ -119,6 +120,7 @@ impl DeliveryConfig {
 /// Counters of one sink's delivery. Every payload queued ends in exactly one of
 /// `sent` and the `dropped_*` counters, or is still `pending`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DeliveryStats {
     /// Payloads accepted into the queue.
     pub queued: u64,
@@ -169,6 +171,19 @@ pub enum SendError {
         message: String,
     },
 }
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SendError::Retryable(why) => write!(f, "send failed, worth retrying: {why}"),
+            SendError::Rejected { status, message } => {
+                write!(f, "payload rejected with {status}: {message}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for SendError {}
 
 /// The status a server refused a payload with: the transport's own kind, never
 /// mixed up (an HTTP 404 and the gRPC code 5, `NotFound`, are different values).
@@ -1040,5 +1055,23 @@ mod tests {
             let e = cfg.validate().unwrap_err().to_string();
             assert!(e.contains(field), "{e}");
         }
+    }
+
+    #[test]
+    fn a_send_error_says_what_failed_and_is_a_std_error() {
+        let retry: Box<dyn std::error::Error> =
+            Box::new(SendError::Retryable("connection refused".into()));
+        assert_eq!(
+            retry.to_string(),
+            "send failed, worth retrying: connection refused"
+        );
+        let rejected = SendError::Rejected {
+            status: RejectStatus::Http(400),
+            message: "bad profile".into(),
+        };
+        assert_eq!(
+            rejected.to_string(),
+            "payload rejected with HTTP 400: bad profile"
+        );
     }
 }

@@ -16,6 +16,7 @@ pub const DEFAULT_MAX_FILES: usize = 60;
 
 /// Configuration of the pprof file sink.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct PprofFileConfig {
     /// The directory (created if missing).
     pub dir: PathBuf,

@@ -48,6 +48,7 @@ impl std::fmt::Display for OtlpProtocol {
 /// secrets: the endpoint's credentials and query values (see [`crate::redact_url`]),
 /// header values and the CA bytes.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct OtlpProfilesConfig {
     /// For HTTP, the full URL profiles are posted to; for gRPC, the server address.
     pub endpoint: String,

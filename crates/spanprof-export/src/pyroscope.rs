@@ -98,6 +98,7 @@ impl std::fmt::Debug for PyroscopeAuth {
 /// the server's credentials and query values (see [`crate::redact_url`]), the auth
 /// and the CA bytes.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct PyroscopeConfig {
     /// Server address, for example `http://pyroscope:4040` or `https://…`.
     pub server: String,

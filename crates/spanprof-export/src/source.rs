@@ -1,6 +1,6 @@
 //! [`ProfileSource`]: where each interval's profile comes from.
 
-use spanprof_core::{Profile, Profiler};
+use spanprof_core::{Profile, ProfileScope, Profiler};
 
 /// Where an exporter gets each interval's profile.
 pub struct ProfileSource(Box<dyn FnMut() -> Profile + Send>);
@@ -13,21 +13,21 @@ impl std::fmt::Debug for ProfileSource {
 
 impl ProfileSource {
     /// Everything the profiler samples from now on, one interval at a time, with span
-    /// ids in local-root scope (Grafana's convention: inner spans' samples carry
-    /// their local root's id) unless `all_spans`. Each interval first drains the
+    /// ids in `scope`: [`ProfileScope::LocalRoot`] (Grafana's convention: inner
+    /// spans' samples carry their local root's id) or [`ProfileScope::AllSpans`]
+    /// (each span's own); use the scope the layer was built with. Each interval first drains the
     /// profiler's per-thread buffers ([`Profiler::flush`]), so that every sample
     /// taken before it — the last ones of a request that ended just before
     /// shutdown, too — is in it.
-    pub fn profiler(profiler: &Profiler, all_spans: bool) -> Self {
+    pub fn profiler(profiler: &Profiler, scope: ProfileScope) -> Self {
         let window = profiler.window(spanprof_core::DEFAULT_WINDOW_ENTRIES);
         let profiler = profiler.clone();
         ProfileSource(Box::new(move || {
             profiler.flush();
             let p = window.take();
-            if all_spans {
-                p
-            } else {
-                p.with_local_root_ids()
+            match scope {
+                ProfileScope::AllSpans => p,
+                ProfileScope::LocalRoot => p.with_local_root_ids(),
             }
         }))
     }

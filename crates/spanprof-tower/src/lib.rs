@@ -12,7 +12,7 @@ mod setup;
 mod tracing_layer;
 
 #[cfg(feature = "hyper")]
-pub mod hyper;
+pub mod hyper_service;
 
 pub use export_watch::{SpanExportStats, SpanExportWatch, WatchedBatch};
 pub use layer::{

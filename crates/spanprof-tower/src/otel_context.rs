@@ -37,7 +37,7 @@ context activation on (the default), add it to the subscriber before spanprof::S
 the request spans ProfileCorrelationLayer runs in.";
 
 /// Whether OpenTelemetry's attached context has been found to be the current span's,
-/// for one place that looks it up (the request span in the tower layer, inner spans
+/// for one site that looks it up (the request span in the tower layer, inner spans
 /// in `SpanProfileLayer`: the layer order matters to the second only).
 #[derive(Debug)]
 pub(crate) struct AttachedContext {
@@ -45,19 +45,19 @@ pub(crate) struct AttachedContext {
     /// is not, every lookup asks `tracing-opentelemetry`.
     checks_left: AtomicU32,
     /// Which of the thread's counts of lookups since the last re-check is this one's.
-    place: Place,
+    site: LookupSite,
 }
 
-/// The places that look a span's context up, each with its own re-checks.
+/// The sites that look a span's context up, each with its own re-checks.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Place {
+pub(crate) enum LookupSite {
     /// The request span, in `ProfileCorrelationLayer`.
     Request = 0,
     /// An inner span's first enter, in `SpanProfileLayer`.
     Entered = 1,
 }
 
-/// Whether [`NOT_ATTACHED_MESSAGE`] was given (once per process, by either place).
+/// Whether [`NOT_ATTACHED_MESSAGE`] was given (once per process, by either site).
 static WARNED: AtomicBool = AtomicBool::new(false);
 
 /// A span context's ids, as the labels carry them.
@@ -98,10 +98,10 @@ fn attached() -> Option<SpanIds> {
 
 impl AttachedContext {
     /// Not yet checked.
-    pub(crate) const fn new(place: Place) -> Self {
+    pub(crate) const fn new(site: LookupSite) -> Self {
         AttachedContext {
             checks_left: AtomicU32::new(CHECKS),
-            place,
+            site,
         }
     }
 
@@ -117,7 +117,7 @@ impl AttachedContext {
         exact: impl FnOnce() -> Option<SpanIds>,
     ) -> Option<SpanIds> {
         let left = self.checks_left.load(Ordering::Relaxed);
-        if left == 0 && !recheck_due(self.place) {
+        if left == 0 && !recheck_due(self.site) {
             let ids = attached();
             if enclosing.is_none() || ids.map(|ids| ids.span_id) != enclosing {
                 return ids;
@@ -153,21 +153,21 @@ impl AttachedContext {
     }
 }
 
-/// Whether this lookup of `place`, once its lookups read the attached context alone,
-/// is one to check again: every [`RECHECK_EVERY`]th of that place on the thread, so
+/// Whether this lookup of `site`, once its lookups read the attached context alone,
+/// is one to check again: every [`RECHECK_EVERY`]th of that site on the thread, so
 /// that a shape of request or span first seen after the checks (a span
 /// `tracing-opentelemetry` does not see inside one it does) gives other spans' ids to
 /// fewer than [`RECHECK_EVERY`] lookups of a thread before it is found. A count per
-/// place, or a fixed mix of request and inner-span lookups could have every re-check
-/// land on the other place's. Thread-local counts: nothing shared is written.
-fn recheck_due(place: Place) -> bool {
+/// site, or a fixed mix of request and inner-span lookups could have every re-check
+/// land on the other site's. Thread-local counts: nothing shared is written.
+fn recheck_due(site: LookupSite) -> bool {
     thread_local! {
         static LOOKUPS: [std::cell::Cell<u32>; 2] = const {
             [std::cell::Cell::new(0), std::cell::Cell::new(0)]
         };
     }
     LOOKUPS.with(|counts| {
-        let n = &counts[place as usize];
+        let n = &counts[site as usize];
         let next = n.get().wrapping_add(1) % RECHECK_EVERY;
         n.set(next);
         next == 0
@@ -184,7 +184,7 @@ pub(crate) mod tests {
     use tracing_subscriber::filter::LevelFilter;
     use tracing_subscriber::prelude::*;
 
-    use super::{AttachedContext, CHECKS, Place, RECHECK_EVERY, SpanIds};
+    use super::{AttachedContext, CHECKS, LookupSite, RECHECK_EVERY, SpanIds};
 
     thread_local! {
         /// Lookups on this thread that asked `tracing-opentelemetry`.
@@ -293,7 +293,7 @@ pub(crate) mod tests {
     fn the_attached_context_is_read_alone_once_it_agreed_for_the_checks() {
         let (dispatch, warnings) = otel_dispatch(true);
         tracing::dispatcher::with_default(&dispatch, || {
-            let check = AttachedContext::new(Place::Request);
+            let check = AttachedContext::new(LookupSite::Request);
             assert_eq!(look_up(&check, 3 * CHECKS), CHECKS);
         });
         assert_eq!(warnings.get(), 0);
@@ -303,7 +303,7 @@ pub(crate) mod tests {
     fn without_context_activation_every_lookup_asks_and_one_warning_names_the_fix() {
         let (dispatch, warnings) = otel_dispatch(false);
         tracing::dispatcher::with_default(&dispatch, || {
-            let check = AttachedContext::new(Place::Request);
+            let check = AttachedContext::new(LookupSite::Request);
             assert_eq!(look_up(&check, 3 * CHECKS), 3 * CHECKS);
         });
         assert_eq!(warnings.get(), 1);
@@ -315,7 +315,7 @@ pub(crate) mod tests {
         // remote span is never this process's.
         let (dispatch, _) = otel_dispatch(true);
         tracing::dispatcher::with_default(&dispatch, || {
-            let check = AttachedContext::new(Place::Request);
+            let check = AttachedContext::new(LookupSite::Request);
             look_up(&check, CHECKS);
             let remote = remote_span_context();
             let _cx = opentelemetry::Context::new()
@@ -347,7 +347,7 @@ pub(crate) mod tests {
         // the attached context is the outer span's, which the request must not take.
         let (dispatch, warnings) = otel_dispatch_seeing(true, LevelFilter::INFO);
         tracing::dispatcher::with_default(&dispatch, || {
-            let check = AttachedContext::new(Place::Request);
+            let check = AttachedContext::new(LookupSite::Request);
             assert_eq!(hidden_inside_outer(&check, |_| None).0, None);
             look_up(&check, 3 * CHECKS);
             for _ in 0..3 * RECHECK_EVERY {
@@ -362,7 +362,7 @@ pub(crate) mod tests {
     fn a_span_hidden_from_opentelemetry_after_the_checks_is_found_by_a_recheck() {
         let (dispatch, warnings) = otel_dispatch_seeing(true, LevelFilter::INFO);
         let wrong = tracing::dispatcher::with_default(&dispatch, || {
-            let check = AttachedContext::new(Place::Request);
+            let check = AttachedContext::new(LookupSite::Request);
             look_up(&check, CHECKS);
             let mut wrong = 0;
             for _ in 0..3 * RECHECK_EVERY {
@@ -386,7 +386,7 @@ pub(crate) mod tests {
         // mistake, so no warning, and the span gets no OpenTelemetry ids.
         let (dispatch, warnings) = otel_dispatch_seeing(true, LevelFilter::INFO);
         tracing::dispatcher::with_default(&dispatch, || {
-            let check = AttachedContext::new(Place::Request);
+            let check = AttachedContext::new(LookupSite::Request);
             for _ in 0..3 * RECHECK_EVERY {
                 look_up(&check, 1);
                 let (got, outer) = hidden_inside_outer(&check, |outer| Some(outer.span_id));
@@ -407,7 +407,7 @@ pub(crate) mod tests {
                 .with(warnings.clone()),
         );
         tracing::dispatcher::with_default(&dispatch, || {
-            let check = AttachedContext::new(Place::Request);
+            let check = AttachedContext::new(LookupSite::Request);
             for _ in 0..3 * CHECKS {
                 let remote = remote_span_context();
                 let span = tracing::info_span!("request");
@@ -422,13 +422,13 @@ pub(crate) mod tests {
     #[test]
     fn each_place_is_checked_again_whatever_the_other_place_looks_up() {
         // A request's lookup and its inner spans' lookups alternate on a thread: the
-        // re-checks of one place must not all land on the other's lookups, whichever
+        // re-checks of one site must not all land on the other's lookups, whichever
         // of them a thread's count reaches first.
         let (dispatch, warnings) = otel_dispatch_seeing(true, LevelFilter::INFO);
         tracing::dispatcher::with_default(&dispatch, || {
             for offset in 0..2 {
-                let request = AttachedContext::new(Place::Request);
-                let inner = AttachedContext::new(Place::Entered);
+                let request = AttachedContext::new(LookupSite::Request);
+                let inner = AttachedContext::new(LookupSite::Entered);
                 look_up(&request, CHECKS);
                 look_up(&inner, CHECKS + offset);
                 let mut wrong = 0;

@@ -5,10 +5,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use serde::Deserialize;
+use spanprof_core::Hotness;
 /// The configuration error of every spanprof crate: re-exported where the layer's
 /// builder returns it.
-pub use spanprof_core::ConfigError;
-use spanprof_core::Hotness;
+pub use spanprof_core::{ConfigError, ProfileScope};
 
 /// Default share of traces whose requests are profiled at the high rate.
 pub const DEFAULT_SAMPLE_RATE: f64 = 0.05;
@@ -141,16 +141,21 @@ fn splitmix64(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-/// Which spans carry their own profile id (`span_id` label, `pyroscope.profile.id`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+/// [`ProfileScope`] as configuration: `"local_root"` or `"all_spans"`.
+#[derive(Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum ProfileScope {
-    /// The local root span of each service (no parent, or a remote parent), Grafana's
-    /// convention: inner spans' samples are attributed to their local root.
-    #[default]
+enum ScopeName {
     LocalRoot,
-    /// Every span: inner spans (through [`crate::SpanProfileLayer`]) get their own.
     AllSpans,
+}
+
+fn deserialize_scope<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<ProfileScope>, D::Error> {
+    Ok(Option::<ScopeName>::deserialize(d)?.map(|name| match name {
+        ScopeName::LocalRoot => ProfileScope::LocalRoot,
+        ScopeName::AllSpans => ProfileScope::AllSpans,
+    }))
 }
 
 /// A route key: a route template (`/cart/{id}`, `/pkg.Service/Method`), optionally
@@ -256,6 +261,7 @@ impl Policies {
 /// ```
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct PolicyConfig {
     /// The policy for routes not listed.
     #[serde(default)]
@@ -267,7 +273,7 @@ pub struct PolicyConfig {
     #[serde(default)]
     pub disabled: Vec<String>,
     /// Which spans carry their own profile id.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "deserialize_scope")]
     pub scope: Option<ProfileScope>,
 }
 
@@ -338,6 +344,7 @@ impl PolicyConfig {
 /// One route's policy as configuration; unset fields take the defaults.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct RoutePolicyConfig {
     /// See [`RoutePolicy::sample_rate`].
     pub sample_rate: Option<f64>,

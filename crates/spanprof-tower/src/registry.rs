@@ -14,10 +14,10 @@ use crate::ProfileScope;
 /// Most spans tracked at once: the places in the table (72 bytes each on Linux, its
 /// 64-byte lock and figures and its id, 1.1 MiB in all, allocated when a
 /// [`crate::SpanProfileProcessor`] turns tracking on).
-pub const MAX_TRACKED_SPANS: usize = SLOTS;
+pub const MAX_TRACKED_SPANS: usize = PLACES;
 
 /// Places in the table, a power of two.
-const SLOTS: usize = 1 << 14;
+const PLACES: usize = 1 << 14;
 
 /// The places a span may take: the eight of its bucket (a hash of its id), whose ids
 /// share one cache line. A span is found by comparing them, without a lock.
@@ -99,7 +99,8 @@ struct Place(Mutex<Held>);
 /// thread wait on each other only when one fills or takes a place in the other's
 /// bucket. (The table was 16 locked hash maps: a worker tracking a span waited
 /// whenever the batch thread held the lock of a sixteenth of all spans, and the maps'
-/// lines moved between the cores at every span; docs/overhead-history.md, 14.)
+/// lines moved between the cores at every span: this table took 2.35 % off the CPU of
+/// a 50 µs request.)
 struct Table {
     /// Places held per bucket: a span of an empty bucket (most: only spans that
     /// received a sample are tracked) is not there, known from one byte.
@@ -110,12 +111,12 @@ struct Table {
 
 /// One place of the table: its id and its lock.
 #[derive(Clone, Copy)]
-struct Slot {
+struct PlaceRef {
     id: &'static AtomicU64,
     held: &'static Mutex<Held>,
 }
 
-impl Slot {
+impl PlaceRef {
     fn lock(&self) -> MutexGuard<'static, Held> {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -133,14 +134,13 @@ impl Slot {
 
 /// Allocated once, on the thread that turns tracking on, never grown: a buffer grown
 /// on the request path put blocks into the malloc arena of whichever worker served
-/// the request, and glibc then had the workers wait on their arenas' locks
-/// (docs/overhead-history.md, 9.).
+/// the request, and glibc then had the workers wait on their arenas' locks.
 static TABLE: LazyLock<Table> = LazyLock::new(|| Table {
-    held: (0..SLOTS / WINDOW).map(|_| AtomicU8::new(0)).collect(),
-    ids: (0..SLOTS / WINDOW)
+    held: (0..PLACES / WINDOW).map(|_| AtomicU8::new(0)).collect(),
+    ids: (0..PLACES / WINDOW)
         .map(|_| Ids(std::array::from_fn(|_| AtomicU64::new(0))))
         .collect(),
-    places: (0..SLOTS)
+    places: (0..PLACES)
         .map(|_| {
             Place(Mutex::new(Held {
                 epoch: 0,
@@ -151,17 +151,17 @@ static TABLE: LazyLock<Table> = LazyLock::new(|| Table {
 });
 
 /// Place `i` of the table.
-fn slot(i: usize) -> Slot {
+fn place(i: usize) -> PlaceRef {
     let table = &*TABLE;
-    Slot {
+    PlaceRef {
         id: &table.ids[i / WINDOW].0[i % WINDOW],
         held: &table.places[i].0,
     }
 }
 
 /// Every place of the table.
-fn slots() -> impl Iterator<Item = Slot> {
-    (0..SLOTS).map(slot)
+fn all_places() -> impl Iterator<Item = PlaceRef> {
+    (0..PLACES).map(place)
 }
 
 /// The places of `span_id`, its bucket's, home first: the top bits of a
@@ -174,11 +174,11 @@ fn window(span_id: u64) -> impl Iterator<Item = usize> {
 }
 
 // The hash's shift below is `64 - log2(buckets)`: at least one bucket bit.
-const _: () = assert!(SLOTS.is_power_of_two() && WINDOW.is_power_of_two() && SLOTS / WINDOW > 1);
+const _: () = assert!(PLACES.is_power_of_two() && WINDOW.is_power_of_two() && PLACES / WINDOW > 1);
 
 /// The first place of `span_id`'s bucket.
 fn home(span_id: u64) -> usize {
-    let buckets = SLOTS / WINDOW;
+    let buckets = PLACES / WINDOW;
     (span_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - buckets.trailing_zeros())) as usize
         * WINDOW
 }
@@ -199,7 +199,7 @@ fn place_of(span_id: u64) -> Option<usize> {
     if bucket_empty(span_id) {
         return None;
     }
-    window(span_id).find(|&i| slot(i).id.load(Ordering::Relaxed) == span_id)
+    window(span_id).find(|&i| place(i).id.load(Ordering::Relaxed) == span_id)
 }
 
 /// The place holding `span_id`, locked, if any.
@@ -207,7 +207,7 @@ fn find(span_id: u64) -> Option<MutexGuard<'static, Held>> {
     if bucket_empty(span_id) {
         return None;
     }
-    window(span_id).find_map(|i| slot(i).lock_if(span_id))
+    window(span_id).find_map(|i| place(i).lock_if(span_id))
 }
 
 /// Empties every place holding `span_id` (one, but for a span tracked on two threads
@@ -217,9 +217,9 @@ fn remove(span_id: u64) -> Option<State> {
         return None;
     }
     let mut first = None;
-    for slot in window(span_id).map(slot) {
-        if let Some(mut held) = slot.lock_if(span_id) {
-            slot.id.store(0, Ordering::Relaxed);
+    for place in window(span_id).map(place) {
+        if let Some(mut held) = place.lock_if(span_id) {
+            place.id.store(0, Ordering::Relaxed);
             held_in_bucket_of(home(span_id)).fetch_sub(1, Ordering::Release);
             let state = std::mem::replace(&mut held.state, State::Empty);
             #[cfg(test)]
@@ -289,16 +289,16 @@ pub(crate) fn track(labels: &SpanLabels) {
     }
     let epoch = EXPORTS.load(Ordering::Relaxed);
     // Its own place first (a span tracked again), then the first empty one.
-    for slot in place_of(id).into_iter().chain(window(id)).map(slot) {
-        let at = slot.id.load(Ordering::Relaxed);
+    for place in place_of(id).into_iter().chain(window(id)).map(place) {
+        let at = place.id.load(Ordering::Relaxed);
         if at != 0 && at != id {
             continue;
         }
-        let held = slot.lock();
-        let at = slot.id.load(Ordering::Relaxed);
+        let held = place.lock();
+        let at = place.id.load(Ordering::Relaxed);
         if at == 0 || at == id {
             // A span tracked again: its earlier labels go, after the lock.
-            put(slot, held, labels, epoch);
+            put(place, held, labels, epoch);
             return;
         }
     }
@@ -309,24 +309,24 @@ pub(crate) fn track(labels: &SpanLabels) {
     let now = EXPORTS.load(Ordering::Relaxed);
     let mut oldest = (home(id), 0);
     for i in window(id) {
-        let age = now.wrapping_sub(slot(i).lock().epoch);
+        let age = now.wrapping_sub(place(i).lock().epoch);
         if age <= u32::MAX / 2 && age > oldest.1 {
             oldest = (i, age);
         }
     }
-    let slot = slot(oldest.0);
-    if !matches!(put(slot, slot.lock(), labels, epoch).state, State::Empty) {
+    let place = place(oldest.0);
+    if !matches!(put(place, place.lock(), labels, epoch).state, State::Empty) {
         EVICTED.fetch_add(1, Ordering::Relaxed);
     }
 }
 
-/// Puts `labels` in `slot` (locked: `held`) and returns what it held, unlocked.
-fn put(slot: Slot, mut held: MutexGuard<'_, Held>, labels: &SpanLabels, epoch: u32) -> Held {
-    if slot.id.load(Ordering::Relaxed) == 0 {
+/// Puts `labels` in `place` (locked: `held`) and returns what it held, unlocked.
+fn put(place: PlaceRef, mut held: MutexGuard<'_, Held>, labels: &SpanLabels, epoch: u32) -> Held {
+    if place.id.load(Ordering::Relaxed) == 0 {
         // An empty place is taken: counted before the id is there to find.
         held_in_bucket_of(home(labels.span_id())).fetch_add(1, Ordering::Release);
     }
-    slot.id.store(labels.span_id(), Ordering::Relaxed);
+    place.id.store(labels.span_id(), Ordering::Relaxed);
     std::mem::replace(
         &mut *held,
         Held {
@@ -373,16 +373,15 @@ pub(crate) fn take_many(ids: &[u64]) -> Vec<Option<Figures>> {
 /// Reads the lines a batch's spans are held in before any is taken: every bucket's
 /// ids, then every holding place's lock. The workers wrote them last; read one span
 /// at a time, each line is a miss that waits for the one before, read together they
-/// are fetched at once (the batch thread's CPU per request −0.15 µs,
-/// docs/overhead-history.md, 14.).
+/// are fetched at once (measured: the batch thread's CPU per request −0.15 µs).
 fn touch(ids: &[u64]) {
     let mut seen = 0u64;
     for &id in ids {
-        seen ^= slot(home(id)).id.load(Ordering::Relaxed);
+        seen ^= place(home(id)).id.load(Ordering::Relaxed);
     }
     for &id in ids {
         if let Some(i) = place_of(id) {
-            seen ^= u64::from(slot(i).held.is_poisoned());
+            seen ^= u64::from(place(i).held.is_poisoned());
         }
     }
     std::hint::black_box(seen);
@@ -391,15 +390,15 @@ fn touch(ids: &[u64]) {
 /// Removes ended spans stamped more than [`STALE_AFTER_EXPORTS`] exports before
 /// `epoch`, counted in [`ended_unexported`].
 fn sweep(epoch: u32) {
-    for (i, slot) in slots().enumerate() {
-        if slot.id.load(Ordering::Relaxed) == 0 {
+    for (i, place) in all_places().enumerate() {
+        if place.id.load(Ordering::Relaxed) == 0 {
             continue;
         }
-        let mut held = slot.lock();
+        let mut held = place.lock();
         if matches!(held.state, State::Ended(_))
             && epoch.wrapping_sub(held.epoch) > STALE_AFTER_EXPORTS
         {
-            slot.id.store(0, Ordering::Relaxed);
+            place.id.store(0, Ordering::Relaxed);
             held_in_bucket_of(i).fetch_sub(1, Ordering::Release);
             held.state = State::Empty;
             UNEXPORTED.fetch_add(1, Ordering::Relaxed);
@@ -436,7 +435,7 @@ pub fn ended_unexported() -> u64 {
 /// (by its id); when all eight hold other spans, the oldest of those goes (oldest in
 /// exports of [`crate::SpanProfileProcessor::batch`]; when equally old, the first of
 /// the bucket). So a few spans go before the table is full: simulated
-/// (`benches/registry_window.py`), 0.001 % of those tracked with an eighth of the
+/// (`benches/scripts/registry_window.py`), 0.001 % of those tracked with an eighth of the
 /// table held (the default batch queue full: 4 spans in 400 000), 0.026 % with a fifth. Held are live
 /// spans, and with [`crate::SpanProfileProcessor::batch`] ended spans whose figures
 /// wait for the batch processor's thread (those no batch carries are swept, and
@@ -471,7 +470,7 @@ mod tests {
         // The batch thread takes the figures of spans that have ended; a worker
         // tracking or ending other spans meanwhile must not wait for it. With one lock
         // for a sixteenth of all spans, it did: a natively measured 4 us of a 50 us
-        // handler's request went to the registry (docs/overhead-history.md, 14.).
+        // handler's request went to the registry.
         let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         enable();
         let exported = 0x7a5e_0000_0000_0001u64;
@@ -522,8 +521,8 @@ mod tests {
 
     /// Spans the table holds.
     fn held() -> usize {
-        slots()
-            .filter(|slot| slot.id.load(Ordering::Relaxed) != 0)
+        all_places()
+            .filter(|place| place.id.load(Ordering::Relaxed) != 0)
             .count()
     }
 
@@ -683,8 +682,8 @@ mod tests {
         // Its home empties; tracked again, it stays where it is.
         assert!(take(before[0]).is_some());
         track(&SpanLabels::builder().span_id(span).build());
-        let copies = slots()
-            .filter(|slot| slot.id.load(Ordering::Relaxed) == span)
+        let copies = all_places()
+            .filter(|place| place.id.load(Ordering::Relaxed) == span)
             .count();
         assert_eq!(copies, 1);
         assert!(take(span).is_some());

@@ -12,7 +12,7 @@ use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 
 use crate::inner_spans::{self, Entry};
-use crate::otel_context::{AttachedContext, Place, SpanIds};
+use crate::otel_context::{AttachedContext, LookupSite, SpanIds};
 use crate::policy::RoutePolicy;
 use crate::registry;
 
@@ -401,7 +401,7 @@ mod root_candidates {
 }
 
 /// Whether an entered span's context can be read from OpenTelemetry's attached one.
-static ENTERED_SPAN: AttachedContext = AttachedContext::new(Place::Entered);
+static ENTERED_SPAN: AttachedContext = AttachedContext::new(LookupSite::Entered);
 
 /// The OpenTelemetry span id of the span being entered (it is the current span
 /// while layers hear of the enter) and whether it is sampled, if

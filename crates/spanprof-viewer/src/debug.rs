@@ -38,6 +38,7 @@ static WINDOWS_REFUSED: AtomicU64 = AtomicU64::new(0);
 
 /// Counters of the profile endpoint (process-wide).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DebugEndpointStats {
     /// `?seconds=` windows open now.
     pub windows_open: usize,

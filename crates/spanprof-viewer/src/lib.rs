@@ -10,5 +10,5 @@ pub use debug::{
     DEBUG_PROFILE_PATH, DebugEndpointStats, MAX_CONCURRENT_WINDOWS, debug_endpoint_stats,
     debug_router,
 };
-pub use router::{MAX_CONCURRENT_RENDERS, VIEWER_PATH, Viewer, ViewerThread, serve};
+pub use router::{Exposure, MAX_CONCURRENT_RENDERS, VIEWER_PATH, Viewer, ViewerThread, serve};
 pub use spans::{DEFAULT_MAX_TRACES, RecentSpans, SpanRecord, SpanRecorder, TraceSummary};

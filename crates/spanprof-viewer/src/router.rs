@@ -88,12 +88,23 @@ impl Viewer {
     }
 }
 
-fn check_loopback(addr: SocketAddr, allow_remote: bool) -> std::io::Result<()> {
-    if !addr.ip().is_loopback() && !allow_remote {
+/// Which addresses the viewer may listen on. Profiles show code and routes, so the
+/// viewer is for loopback (reached from elsewhere through `ssh -L`) unless told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Exposure {
+    /// Loopback addresses only; a non-loopback address is refused.
+    #[default]
+    LoopbackOnly,
+    /// Any address: whoever reaches it sees the profiles.
+    Remote,
+}
+
+fn check_loopback(addr: SocketAddr, exposure: Exposure) -> std::io::Result<()> {
+    if !addr.ip().is_loopback() && exposure == Exposure::LoopbackOnly {
         return Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
             format!(
-                "the spanprof viewer binds to loopback only; {addr} is not (set allow_remote to override)"
+                "the spanprof viewer binds to loopback only; {addr} is not (use Exposure::Remote to override)"
             ),
         ));
     }
@@ -101,16 +112,16 @@ fn check_loopback(addr: SocketAddr, allow_remote: bool) -> std::io::Result<()> {
 }
 
 /// Serves the viewer on `addr` (use a loopback address: a non-loopback one is
-/// refused unless `allow_remote`, since profiles show code and routes). Returns the
+/// refused unless [`Exposure::Remote`], since profiles show code and routes). Returns the
 /// bound address; the server runs on the current tokio runtime (its CPU-heavy
 /// answers on that runtime's blocking pool). [`ViewerThread`] runs it on a thread
 /// and runtime of its own instead.
 pub async fn serve(
     viewer: Viewer,
     addr: SocketAddr,
-    allow_remote: bool,
+    exposure: Exposure,
 ) -> std::io::Result<SocketAddr> {
-    check_loopback(addr, allow_remote)?;
+    check_loopback(addr, exposure)?;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     let app = viewer.router();
@@ -132,9 +143,9 @@ pub async fn serve(
 ///
 /// ```no_run
 /// # fn run(profiler: spanprof_core::Profiler) -> std::io::Result<()> {
-/// use spanprof_viewer::{RecentSpans, Viewer, ViewerThread};
+/// use spanprof_viewer::{Exposure, RecentSpans, Viewer, ViewerThread};
 /// let spans = RecentSpans::new(spanprof_viewer::DEFAULT_MAX_TRACES);
-/// let viewer = ViewerThread::start(Viewer::new(profiler, spans), "127.0.0.1:6060".parse().unwrap(), false)?;
+/// let viewer = ViewerThread::start(Viewer::new(profiler, spans), "127.0.0.1:6060".parse().unwrap(), Exposure::LoopbackOnly)?;
 /// println!("http://{}/debug/spanprof/", viewer.local_addr());
 /// # Ok(()) }
 /// ```
@@ -148,10 +159,10 @@ pub struct ViewerThread {
 }
 
 impl ViewerThread {
-    /// Binds `addr` (loopback only unless `allow_remote`, as [`serve`]) and starts
-    /// serving on a new thread named `spanprof-viewer`. Needs no tokio runtime.
-    pub fn start(viewer: Viewer, addr: SocketAddr, allow_remote: bool) -> std::io::Result<Self> {
-        check_loopback(addr, allow_remote)?;
+    /// Binds `addr` (loopback only unless [`Exposure::Remote`], as [`serve`]) and
+    /// starts serving on a new thread named `spanprof-viewer`. Needs no tokio runtime.
+    pub fn start(viewer: Viewer, addr: SocketAddr, exposure: Exposure) -> std::io::Result<Self> {
+        check_loopback(addr, exposure)?;
         let listener = std::net::TcpListener::bind(addr)?;
         listener.set_nonblocking(true)?;
         let bound = listener.local_addr()?;

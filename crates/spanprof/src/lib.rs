@@ -1,7 +1,63 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
-pub use spanprof_core::*;
+// The profiler and how it samples.
+pub use spanprof_core::{
+    Capabilities, ConfigError, Mechanism, ProfileScope, ProfileWindow, Profiler, ProfilerBuilder,
+    ProfilerError, Sampling, StoreConfig, Unwinding,
+};
+// Labels: what every poll carries.
+pub use spanprof_core::{
+    Hotness, LabelGuard, Labelled, NameId, SpanLabels, SpanLabelsBuilder, WithSpanLabels,
+    current_labels, labels_active, set_max_names, spawn_blocking, spawn_local,
+};
+// Runtime threads and tokio's hooks.
+pub use spanprof_core::{
+    TASK_INHERITANCE, ThreadRegistration, deregister_current_thread, install_runtime_hooks,
+    on_thread_start, on_thread_stop, register_current_thread,
+};
+// Profiles and the store that keeps them.
+pub use spanprof_core::{
+    Frame, FunctionCost, Profile, ProfileSample, SampleLabels, SpanCost, SpanProfileStore,
+    SpanSummary, Stack, env_service_name, pprof, setup,
+};
+
+/// Health counters and clocks: how much spanprof kept, dropped and evicted, and the
+/// CPU clocks its figures are read from. [`Profiler::sampler_stats`],
+/// [`Profiler::memory_stats`] and [`SpanProfileStore::stats`] return some of these;
+/// the rest are process-wide.
+pub mod stats {
+    pub use spanprof_core::{
+        CacheStats, InheritanceStats, InternStats, MemoryStats, PollStats, SamplerStats,
+        StoreStats, inheritance_stats, intern_stats, process_cpu_time, thread_cpu_time,
+    };
+    #[cfg(feature = "export")]
+    pub use spanprof_export::DeliveryStats;
+    #[cfg(feature = "tower")]
+    pub use spanprof_tower::{SpanExportStats, ended_unexported, tracking_evicted};
+    #[cfg(feature = "viewer")]
+    pub use spanprof_viewer::{DebugEndpointStats, debug_endpoint_stats};
+}
+
+/// The documented defaults and bounds of the configuration: each setter's doc names
+/// the constant it defaults to.
+pub mod defaults {
+    pub use spanprof_core::{
+        DEFAULT_BASELINE_HZ, DEFAULT_BUCKET_WIDTH, DEFAULT_BUCKETS, DEFAULT_CACHE_BYTES,
+        DEFAULT_DRAIN_INTERVAL, DEFAULT_HIGH_HZ, DEFAULT_MAX_BYTES, DEFAULT_MAX_NAMES,
+        DEFAULT_MAX_SPANS, DEFAULT_MAX_STACKS, DEFAULT_RING_CAPACITY, DEFAULT_WINDOW_ENTRIES,
+        DETACHED_SPAN_NAME, MAX_FRAMES, MAX_HIGH_HZ, MAX_NAME_LEN, OVERFLOW_NAME, TIMER_MAX_HZ,
+    };
+}
+
+/// OpenTelemetry's process context (OTEP 4719) and thread context (OTEP 4947), for
+/// profilers outside the process (the repository's `docs/ebpf-profiler.md`).
+#[cfg(feature = "otel-thread-ctx")]
+pub mod otel_thread_ctx {
+    pub use spanprof_core::{
+        ATTRIBUTE_KEYS, ProcessContext, SCHEMA_VERSION, set_process_context_resource,
+    };
+}
 
 /// Runs an `async fn main` on a tokio runtime built with [`install_runtime_hooks`],
 /// as `#[tokio::main]` would without them: every runtime thread, and the one running
@@ -29,8 +85,7 @@ pub mod tower {
 
 #[cfg(feature = "tower")]
 pub use spanprof_tower::{
-    ProfileCorrelationLayer, ProfileScope, RoutePolicy, SpanProfileLayer, SpanProfileProcessor,
-    SpanSelector,
+    ProfileCorrelationLayer, RoutePolicy, SpanProfileLayer, SpanProfileProcessor, SpanSelector,
 };
 
 /// Sinks: periodic pprof files, `/debug/spanprof/profile`, Grafana Pyroscope push and
@@ -44,7 +99,7 @@ pub mod export {
 /// `/debug/spanprof/`, served from a loopback port, thread and runtime of its own.
 ///
 /// The one line (see the crate's front page for the span recorder it reads):
-/// `ViewerThread::start(Viewer::new(profiler, spans), "127.0.0.1:6060".parse()?, false)?`.
+/// `ViewerThread::start(Viewer::new(profiler, spans), addr, Exposure::LoopbackOnly)?`.
 #[cfg(feature = "viewer")]
 pub mod viewer {
     pub use spanprof_viewer::*;

@@ -31,7 +31,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use spanprof::Profiler;
-use spanprof_viewer::{RecentSpans, Viewer, ViewerThread};
+use spanprof_viewer::{Exposure, RecentSpans, Viewer, ViewerThread};
 use tokio::task::JoinHandle;
 
 use crate::accept::Acceptor;
@@ -250,7 +250,11 @@ fn spawn_server(
 fn start_viewer(viewer: Viewer, addr: SocketAddr) -> std::io::Result<ViewerThread> {
     let mut last = None;
     for port in ports_from(addr.port()) {
-        match ViewerThread::start(viewer.clone(), SocketAddr::new(addr.ip(), port), false) {
+        match ViewerThread::start(
+            viewer.clone(),
+            SocketAddr::new(addr.ip(), port),
+            Exposure::LoopbackOnly,
+        ) {
             Ok(v) => return Ok(v),
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last = Some(e),
             Err(e) => return Err(e),

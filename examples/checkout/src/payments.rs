@@ -13,7 +13,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use spanprof::tower::UNMATCHED_ROUTE;
-use spanprof::tower::hyper::ProfiledService;
+use spanprof::tower::hyper_service::ProfiledService;
 use tracing::Instrument;
 
 use crate::accept::Acceptor;

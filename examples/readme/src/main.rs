@@ -5,7 +5,7 @@ use axum::{Router, routing::get};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{BatchSpanProcessor, SdkTracerProvider};
-use spanprof::viewer::{DEFAULT_MAX_TRACES, RecentSpans, Viewer, ViewerThread}; // +viewer
+use spanprof::viewer::{DEFAULT_MAX_TRACES, Exposure, RecentSpans, Viewer, ViewerThread}; // +viewer
 use spanprof::{ProfileCorrelationLayer, Profiler, SpanProfileLayer, SpanProfileProcessor}; // +spanprof
 use tower::ServiceBuilder;
 use tower_http::trace::{DefaultMakeSpan, TraceLayer};
@@ -45,7 +45,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // runtime of its own.
     let viewer_addr = address("VIEWER_ADDR", "127.0.0.1:6060").parse()?; // +viewer
     let viewer = Viewer::new(profiler.clone(), spans); // +viewer
-    let viewer = ViewerThread::start(viewer, viewer_addr, false)?; // +viewer
+    let viewer = ViewerThread::start(viewer, viewer_addr, Exposure::LoopbackOnly)?; // +viewer
     println!("viewer http://{}/debug/spanprof/", viewer.local_addr()); // +viewer
 
     // The one layer in the service, inside TraceLayer, in one ServiceBuilder (axum

@@ -57,13 +57,13 @@ fn joined_futures_inside_one_request_are_attributed() {
 #[test]
 fn spawned_tasks_inherit_labels() {
     let _serial = support::serial();
-    let before = spanprof::inheritance_stats();
+    let before = spanprof::stats::inheritance_stats();
     let profiler = Profiler::builder().start().expect("profiler");
     let o = run_and_score(&workload(Mode::Inherit), &profiler, true);
     profiler.stop();
     assert_migrated(&o, "inherit");
     assert_attribution(&o, "inherit");
-    let after = spanprof::inheritance_stats();
+    let after = spanprof::stats::inheritance_stats();
     assert!(after.inherited - before.inherited >= 32, "{after:?}");
     assert_eq!(after.live, 0, "every inherited label released at terminate");
     assert_eq!(after.overflowed, 0);
@@ -105,8 +105,8 @@ fn spawn_blocking_keeps_labels() {
             spanprof::spawn_blocking(|| {
                 // CPU time, not wall time: on a loaded machine 500 ms of wall time
                 // can be well under the 100 ms of CPU the assertions need.
-                let start = spanprof::thread_cpu_time();
-                while spanprof::thread_cpu_time() - start < Duration::from_millis(300) {
+                let start = spanprof::stats::thread_cpu_time();
+                while spanprof::stats::thread_cpu_time() - start < Duration::from_millis(300) {
                     spanprof_bench::BURNERS[3].1(10_000);
                 }
             })

@@ -4,7 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use spanprof::{HandlerAllocCounter, Hotness, Profiler, SpanLabels};
+use spanprof::{Hotness, Profiler, SpanLabels};
+use spanprof_core::HandlerAllocCounter;
 
 #[global_allocator]
 static ALLOC: HandlerAllocCounter = HandlerAllocCounter::new();

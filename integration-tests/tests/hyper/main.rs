@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use spanprof_bench::BURNERS;
-use spanprof_tower::hyper::ProfiledService;
+use spanprof_tower::hyper_service::ProfiledService;
 use spanprof_tower::{ProfileCorrelationLayer, RoutePolicy};
 use support::web::*;
 use tracing::Instrument;

@@ -17,9 +17,9 @@ use tracing_subscriber::prelude::*;
 /// Burns about `ms` of this thread's CPU: the job's own work.
 #[inline(never)]
 fn crunch_job(ms: u64) -> u64 {
-    let start = spanprof::thread_cpu_time();
+    let start = spanprof::stats::thread_cpu_time();
     let mut x = 0u64;
-    while spanprof::thread_cpu_time() - start < Duration::from_millis(ms) {
+    while spanprof::stats::thread_cpu_time() - start < Duration::from_millis(ms) {
         x = std::hint::black_box(spanprof_bench::BURNERS[0].1(20_000).wrapping_add(x));
     }
     x
@@ -28,9 +28,9 @@ fn crunch_job(ms: u64) -> u64 {
 /// The work of a task a job spawns.
 #[inline(never)]
 fn crunch_subtask(ms: u64) -> u64 {
-    let start = spanprof::thread_cpu_time();
+    let start = spanprof::stats::thread_cpu_time();
     let mut x = 0u64;
-    while spanprof::thread_cpu_time() - start < Duration::from_millis(ms) {
+    while spanprof::stats::thread_cpu_time() - start < Duration::from_millis(ms) {
         x = std::hint::black_box(spanprof_bench::BURNERS[1].1(20_000).wrapping_add(x));
     }
     x

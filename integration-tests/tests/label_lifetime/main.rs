@@ -16,7 +16,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use spanprof::{POISON_BYTE, QuarantineAlloc};
+use spanprof_core::{POISON_BYTE, QuarantineAlloc};
 
 #[global_allocator]
 static ALLOC: QuarantineAlloc = QuarantineAlloc::new();
@@ -35,7 +35,7 @@ fn fire_and_forget_tasks_never_expose_a_freed_label_record() {
     // leaves no trace to check.)
     let profiler = Profiler::builder()
         .baseline_hz(1000)
-        .high_hz(spanprof::MAX_HIGH_HZ)
+        .high_hz(spanprof::defaults::MAX_HIGH_HZ)
         .start()
         .expect("profiler");
     let mut builder = tokio::runtime::Builder::new_multi_thread();
@@ -100,14 +100,14 @@ fn fire_and_forget_tasks_never_expose_a_freed_label_record() {
         if l.span_id == POISON_U64
             || l.trace_id == u128::from_ne_bytes([POISON_BYTE; 16])
             || l.root_span_id == POISON_U64
-            || &*l.route == spanprof::OVERFLOW_NAME
+            || &*l.route == spanprof::defaults::OVERFLOW_NAME
         {
             poisoned += s.count;
         } else if &*l.route == "/fire" {
             labelled += s.count;
         }
     }
-    let stats = spanprof::inheritance_stats();
+    let stats = spanprof::stats::inheritance_stats();
     assert!(
         ALLOC.poisoned() > 10_000,
         "the quarantine saw too few frees to mean anything"

@@ -76,8 +76,8 @@ fn the_profile_id_recipe_finds_work_inside_inner_spans() {
     std::thread::spawn(move || {
         spanprof::register_current_thread();
         let _g = inner_labels.enter();
-        let start = spanprof::thread_cpu_time();
-        while spanprof::thread_cpu_time() - start < Duration::from_millis(400) {
+        let start = spanprof::stats::thread_cpu_time();
+        while spanprof::stats::thread_cpu_time() - start < Duration::from_millis(400) {
             spanprof_bench::BURNERS[2].1(5_000);
         }
     })

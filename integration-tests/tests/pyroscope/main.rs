@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use prost::Message;
-use spanprof::{Hotness, Profiler, SpanLabels};
+use spanprof::{Hotness, ProfileScope, Profiler, SpanLabels};
 use spanprof_export::pyroscope::proto::push::v1::PushRequest;
 use spanprof_export::{
     DeliveryConfig, ProfileSource, PyroscopeAuth, PyroscopeConfig, PyroscopeExporter,
@@ -52,8 +52,11 @@ async fn pushes_labelled_profiles_with_auth_tenant_and_series_labels() {
     .expect("configured from the environment");
     cfg.tags.push(("env".into(), "test".into()));
     cfg.interval = Duration::from_millis(500);
-    let exporter =
-        PyroscopeExporter::start(cfg, ProfileSource::profiler(&profiler, false)).unwrap();
+    let exporter = PyroscopeExporter::start(
+        cfg,
+        ProfileSource::profiler(&profiler, ProfileScope::LocalRoot),
+    )
+    .unwrap();
     let labels = support::burn_and_flush(&profiler, 800).await;
     let stats = tokio::task::spawn_blocking(move || exporter.shutdown(Duration::from_secs(5)))
         .await
@@ -141,13 +144,13 @@ fn payload_numbers(r: &Receiver) -> Vec<u64> {
 }
 
 fn fast_delivery(capacity: usize) -> DeliveryConfig {
-    DeliveryConfig {
-        queue_capacity: capacity,
-        max_attempts: None,
-        base_backoff: Duration::from_millis(50),
-        max_backoff: Duration::from_millis(200),
-        request_timeout: Duration::from_millis(500),
-    }
+    let mut d = DeliveryConfig::default();
+    d.queue_capacity = capacity;
+    d.max_attempts = None;
+    d.base_backoff = Duration::from_millis(50);
+    d.max_backoff = Duration::from_millis(200);
+    d.request_timeout = Duration::from_millis(500);
+    d
 }
 
 /// Receiver down for a while, then up: everything the queue held arrives; to make
@@ -253,13 +256,11 @@ async fn stalled_receiver_times_out_and_drops() {
     let receiver = Receiver::start(vec![Reply::Stall; 100]).await;
     let mut cfg = PyroscopeConfig::new(receiver.url());
     cfg.interval = Duration::from_millis(100);
-    cfg.delivery = DeliveryConfig {
-        queue_capacity: 2,
-        max_attempts: Some(2),
-        base_backoff: Duration::from_millis(20),
-        max_backoff: Duration::from_millis(50),
-        request_timeout: Duration::from_millis(150),
-    };
+    cfg.delivery.queue_capacity = 2;
+    cfg.delivery.max_attempts = Some(2);
+    cfg.delivery.base_backoff = Duration::from_millis(20);
+    cfg.delivery.max_backoff = Duration::from_millis(50);
+    cfg.delivery.request_timeout = Duration::from_millis(150);
     let exporter = PyroscopeExporter::start(cfg, synthetic_source()).unwrap();
     let stats = tokio::task::spawn_blocking(move || {
         std::thread::sleep(Duration::from_millis(1500));
@@ -373,8 +374,8 @@ fn is_uuid_v4(id: &str) -> bool {
 /// Burns `cpu` of this thread's CPU time under `labels`.
 fn burn_under(labels: &SpanLabels, cpu: Duration) {
     let _g = labels.enter();
-    let start = spanprof::thread_cpu_time();
-    while spanprof::thread_cpu_time() - start < cpu {
+    let start = spanprof::stats::thread_cpu_time();
+    while spanprof::stats::thread_cpu_time() - start < cpu {
         std::hint::black_box(spanprof_bench::BURNERS[0].1(5_000));
     }
 }
@@ -393,7 +394,11 @@ fn push_requests(
     let mut cfg = PyroscopeConfig::new(receiver.url());
     cfg.service_name = "checkout".into();
     cfg.interval = Duration::from_millis(500);
-    let exporter = PyroscopeExporter::start(cfg, ProfileSource::profiler(profiler, false)).unwrap();
+    let exporter = PyroscopeExporter::start(
+        cfg,
+        ProfileSource::profiler(profiler, ProfileScope::LocalRoot),
+    )
+    .unwrap();
     let roots = std::thread::spawn(move || {
         spanprof::register_current_thread();
         (first..first + requests)

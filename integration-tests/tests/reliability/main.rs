@@ -9,7 +9,8 @@ mod support;
 use std::io::Read;
 use std::time::{Duration, Instant};
 
-use spanprof::{Hotness, Profiler, SamplerStats, SpanLabels, StoreConfig};
+use spanprof::stats::SamplerStats;
+use spanprof::{Hotness, Profiler, SpanLabels, StoreConfig};
 use spanprof_bench::BURNERS;
 
 /// Whether this process has a handler installed for SIGPROF (`SigCgt` bit 26).
@@ -86,11 +87,11 @@ fn hot(span: u64, name: &str) -> SpanLabels {
 
 /// Burns at least `ms` of this thread's CPU; returns how much it burned.
 fn burn_cpu(ms: u64, class: usize) -> Duration {
-    let start = spanprof::thread_cpu_time();
-    while spanprof::thread_cpu_time() - start < Duration::from_millis(ms) {
+    let start = spanprof::stats::thread_cpu_time();
+    while spanprof::stats::thread_cpu_time() - start < Duration::from_millis(ms) {
         BURNERS[class].1(2_000);
     }
-    spanprof::thread_cpu_time() - start
+    spanprof::stats::thread_cpu_time() - start
 }
 
 /// The drain thread sleeps its whole interval unless a ring fills: a ring reaching
@@ -148,8 +149,8 @@ fn perf_profiler_at_1khz() -> Profiler {
 
 /// Hot work whose span ends pauses its thread's perf event, so the cold work after it
 /// takes no high-rate signal: each such signal costs a delivery and a re-arm (about
-/// 30 µs on a KVM guest) for no sample. The overhead benchmark's `hot10` server took
-/// 0.7 of them per hot request (docs/benchmarks.md).
+/// 30 µs on a KVM guest) for no sample, and the overhead benchmark's `hot10` server
+/// took 0.7 of them per hot request before they were paused.
 #[test]
 fn hot_work_that_ends_leaves_no_high_rate_signal_in_cold_work() {
     let _s = support::serial();
@@ -309,9 +310,9 @@ fn runtime_shutdown_while_sampling() {
             rt.spawn(spanprof::WithSpanLabels::with_span_labels(
                 async move {
                     loop {
-                        let start = spanprof::thread_cpu_time();
+                        let start = spanprof::stats::thread_cpu_time();
                         BURNERS[1].1(5_000);
-                        let burned = spanprof::thread_cpu_time() - start;
+                        let burned = spanprof::stats::thread_cpu_time() - start;
                         hot_cpu_ns.fetch_add(
                             burned.as_nanos() as u64,
                             std::sync::atomic::Ordering::Relaxed,
@@ -378,14 +379,14 @@ fn fork_and_exec_from_a_sampled_process() {
         std::thread::spawn(move || {
             spanprof::register_current_thread();
             let l = hot(7, "parent");
-            let start = spanprof::thread_cpu_time();
+            let start = spanprof::stats::thread_cpu_time();
             {
                 let _g = l.enter();
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     BURNERS[3].1(5_000);
                 }
             }
-            (spanprof::thread_cpu_time() - start, l)
+            (spanprof::stats::thread_cpu_time() - start, l)
         })
     };
     // The sampled thread forks too: `uid` makes std fork + exec (not posix_spawn).
@@ -479,7 +480,7 @@ fn system_calls_interrupted_by_the_signal_are_restarted() {
         spanprof::register_current_thread();
         let l = hot(20, "blocked-read");
         let _g = l.enter();
-        tid_tx.send(spanprof::current_tid()).unwrap();
+        tid_tx.send(spanprof_core::current_tid()).unwrap();
         // Bytes, not reads: two writes can arrive before one read takes them.
         let (mut bytes, mut interrupted) = (0u64, 0u64);
         let mut buf = [0u8; 16];
@@ -498,7 +499,7 @@ fn system_calls_interrupted_by_the_signal_are_restarted() {
     for round in 0..200 {
         std::thread::sleep(Duration::from_millis(2));
         for _ in 0..5 {
-            if spanprof::send_profiling_signal_for_test(tid) {
+            if spanprof_core::send_profiling_signal_for_test(tid) {
                 sent += 1;
             }
         }
@@ -528,11 +529,9 @@ const FLOOD_SLACK_KIB: u64 = 6 * 1024;
 fn a_label_flood_keeps_memory_bounded() {
     let _s = support::serial();
     // Small bounds, so that the flood reaches them and a leak beside them shows.
-    let cfg = StoreConfig {
-        max_spans: 1_000,
-        max_bytes: 2 << 20,
-        ..StoreConfig::default()
-    };
+    let mut cfg = StoreConfig::default();
+    cfg.max_spans = 1_000;
+    cfg.max_bytes = 2 << 20;
     let profiler = Profiler::builder()
         .high_hz(4000)
         .store(cfg)
@@ -659,12 +658,12 @@ fn code_without_frame_pointers_is_sampled_safely() {
             let src = vec![7u8; 8 << 20];
             let mut dst = vec![0u8; 8 << 20];
             // Two seconds of this thread's CPU, however busy the machine.
-            let start = spanprof::thread_cpu_time();
-            while spanprof::thread_cpu_time() - start < Duration::from_secs(2) {
+            let start = spanprof::stats::thread_cpu_time();
+            while spanprof::stats::thread_cpu_time() - start < Duration::from_secs(2) {
                 dst.copy_from_slice(&src);
                 dst.fill(std::hint::black_box(3));
             }
-            spanprof::thread_cpu_time() - start
+            spanprof::stats::thread_cpu_time() - start
         }
     })
     .join()

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
 use prost::Message;
-use spanprof::{Hotness, Profiler, SpanLabels};
+use spanprof::{Hotness, ProfileScope, Profiler, SpanLabels};
 use spanprof_export::pyroscope::proto::push::v1::PushRequest;
 use spanprof_export::{
     Delivery, DeliveryConfig, DeliveryStats, OtlpProfilesConfig, OtlpProfilesExporter,
@@ -35,8 +35,8 @@ fn logs() -> Arc<Mutex<Vec<String>>> {
 /// Burns `cpu` of this thread's CPU time under `labels`.
 fn burn_under(labels: &SpanLabels, cpu: Duration) {
     let _g = labels.enter();
-    let start = spanprof::thread_cpu_time();
-    while spanprof::thread_cpu_time() - start < cpu {
+    let start = spanprof::stats::thread_cpu_time();
+    while spanprof::stats::thread_cpu_time() - start < cpu {
         std::hint::black_box(spanprof_bench::BURNERS[1].1(5_000));
     }
 }
@@ -105,7 +105,7 @@ fn a_request_ending_just_before_shutdown_reaches_every_sink() {
         // The default interval (10 s): everything goes in the shutdown's interval.
         let pyro = PyroscopeExporter::start(
             PyroscopeConfig::new(pyroscope.url()),
-            ProfileSource::profiler(&profiler, false),
+            ProfileSource::profiler(&profiler, ProfileScope::LocalRoot),
         )
         .unwrap();
         let otel = OtlpProfilesExporter::start(
@@ -113,7 +113,7 @@ fn a_request_ending_just_before_shutdown_reaches_every_sink() {
                 format!("{}/v1development/profiles", otlp.url()),
                 OtlpProtocol::HttpProtobuf,
             ),
-            ProfileSource::profiler(&profiler, false),
+            ProfileSource::profiler(&profiler, ProfileScope::LocalRoot),
         )
         .unwrap();
         let labels = SpanLabels::builder()
@@ -351,10 +351,8 @@ async fn an_outage_longer_than_the_old_retry_horizon_loses_nothing() {
     };
     let mut cfg = PyroscopeConfig::new(format!("http://{addr}"));
     cfg.interval = Duration::from_millis(500);
-    cfg.delivery = DeliveryConfig {
-        max_backoff: Duration::from_secs(1),
-        ..DeliveryConfig::default()
-    };
+    cfg.delivery = DeliveryConfig::default();
+    cfg.delivery.max_backoff = Duration::from_secs(1);
     let exporter = PyroscopeExporter::start(cfg, numbered_source()).unwrap();
     tokio::time::sleep(Duration::from_secs(12)).await;
     let during = exporter.stats();

@@ -47,13 +47,13 @@ fn wait_until(done: impl Fn() -> bool) {
 }
 
 fn fast_delivery() -> DeliveryConfig {
-    DeliveryConfig {
-        queue_capacity: 4,
-        max_attempts: None,
-        base_backoff: Duration::from_millis(50),
-        max_backoff: Duration::from_millis(200),
-        request_timeout: Duration::from_millis(500),
-    }
+    let mut d = DeliveryConfig::default();
+    d.queue_capacity = 4;
+    d.max_attempts = None;
+    d.base_backoff = Duration::from_millis(50);
+    d.max_backoff = Duration::from_millis(200);
+    d.request_timeout = Duration::from_millis(500);
+    d
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

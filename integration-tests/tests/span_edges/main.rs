@@ -7,7 +7,8 @@ mod support;
 
 use std::time::Duration;
 
-use spanprof::{DETACHED_SPAN_NAME, Hotness, Profiler, SpanLabels, WithSpanLabels};
+use spanprof::defaults::DETACHED_SPAN_NAME;
+use spanprof::{Hotness, Profiler, SpanLabels, WithSpanLabels};
 use spanprof_bench::BURNERS;
 use support::web::burn_blocking;
 
@@ -148,12 +149,12 @@ fn a_spawned_task_outliving_its_request_is_detached() {
                     burn_blocking(300, BURNERS[0].1);
                     live_tx.send(()).unwrap();
                     go.await.unwrap();
-                    let start = spanprof::thread_cpu_time();
+                    let start = spanprof::stats::thread_cpu_time();
                     for _ in 0..1000 {
                         burn_blocking(1, BURNERS[1].1);
                         tokio::task::yield_now().await;
                     }
-                    cpu.send((spanprof::thread_cpu_time() - start).as_nanos() as u64)
+                    cpu.send((spanprof::stats::thread_cpu_time() - start).as_nanos() as u64)
                         .unwrap();
                 });
                 live_rx.await.unwrap();
@@ -163,7 +164,12 @@ fn a_spawned_task_outliving_its_request_is_detached() {
     });
     drop(rt);
     profiler.stop();
-    assert_detached_after_end(&a, span_id, "/orders", spanprof::DEFAULT_BASELINE_HZ);
+    assert_detached_after_end(
+        &a,
+        span_id,
+        "/orders",
+        spanprof::defaults::DEFAULT_BASELINE_HZ,
+    );
 }
 
 /// `spanprof::spawn_blocking` carries the labels without keeping the span alive.
@@ -181,9 +187,9 @@ fn blocking_work_outliving_its_request_is_detached() {
                     burn_blocking(300, BURNERS[0].1);
                     live_tx.send(()).unwrap();
                     go.blocking_recv().unwrap();
-                    let start = spanprof::thread_cpu_time();
+                    let start = spanprof::stats::thread_cpu_time();
                     burn_blocking(1000, BURNERS[1].1);
-                    cpu.send((spanprof::thread_cpu_time() - start).as_nanos() as u64)
+                    cpu.send((spanprof::stats::thread_cpu_time() - start).as_nanos() as u64)
                         .unwrap();
                 });
                 live_rx.await.unwrap();
@@ -193,7 +199,12 @@ fn blocking_work_outliving_its_request_is_detached() {
     });
     drop(rt);
     profiler.stop();
-    assert_detached_after_end(&a, span_id, "/export", spanprof::DEFAULT_BASELINE_HZ);
+    assert_detached_after_end(
+        &a,
+        span_id,
+        "/export",
+        spanprof::defaults::DEFAULT_BASELINE_HZ,
+    );
 }
 
 /// A handler behind the real layer and a real server starts background work and
@@ -221,12 +232,12 @@ fn background_work_of_a_served_request_is_detached_after_the_response() {
             let (go, cpu) = slot.lock().unwrap().take().expect("one request");
             tokio::spawn(async move {
                 go.await.unwrap();
-                let start = spanprof::thread_cpu_time();
+                let start = spanprof::stats::thread_cpu_time();
                 for _ in 0..1000 {
                     burn_blocking(1, BURNERS[1].1);
                     tokio::task::yield_now().await;
                 }
-                cpu.send((spanprof::thread_cpu_time() - start).as_nanos() as u64)
+                cpu.send((spanprof::stats::thread_cpu_time() - start).as_nanos() as u64)
                     .unwrap();
             });
             burn_blocking(200, BURNERS[0].1);
@@ -384,12 +395,12 @@ fn spawn_local_children_inherit_labels() {
             .run_until(
                 async {
                     let ours = spanprof::spawn_local(async {
-                        let start = spanprof::thread_cpu_time();
+                        let start = spanprof::stats::thread_cpu_time();
                         for _ in 0..300 {
                             burn_blocking(1, BURNERS[2].1);
                             tokio::task::yield_now().await;
                         }
-                        let cpu = spanprof::thread_cpu_time() - start;
+                        let cpu = spanprof::stats::thread_cpu_time() - start;
                         (spanprof::current_labels().map(|l| l.span_id()), cpu)
                     });
                     let tokios = tokio::task::spawn_local(async {

@@ -107,12 +107,13 @@ pub fn labelled_burn(cpu_ms: u64) -> (u64, [spanprof::SpanLabels; 2]) {
             std::thread::spawn(move || {
                 spanprof::register_current_thread();
                 let _g = l.enter();
-                let start = spanprof::thread_cpu_time();
-                while spanprof::thread_cpu_time() - start < std::time::Duration::from_millis(cpu_ms)
+                let start = spanprof::stats::thread_cpu_time();
+                while spanprof::stats::thread_cpu_time() - start
+                    < std::time::Duration::from_millis(cpu_ms)
                 {
                     spanprof_bench::BURNERS[class].1(5_000);
                 }
-                (spanprof::thread_cpu_time() - start).as_nanos() as u64
+                (spanprof::stats::thread_cpu_time() - start).as_nanos() as u64
             })
         })
         .collect();

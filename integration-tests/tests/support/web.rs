@@ -93,12 +93,12 @@ pub async fn burn_async(ms: u64, burn: fn(u64) -> u64) -> u64 {
     let mut acc = 0;
     let mut spent = Duration::ZERO;
     while spent < Duration::from_millis(ms) {
-        let t = spanprof::thread_cpu_time();
+        let t = spanprof::stats::thread_cpu_time();
         let w = Instant::now();
         while w.elapsed() < Duration::from_millis(1) {
             acc ^= burn(2_000);
         }
-        spent += spanprof::thread_cpu_time().saturating_sub(t);
+        spent += spanprof::stats::thread_cpu_time().saturating_sub(t);
         tokio::task::yield_now().await;
     }
     acc
@@ -106,9 +106,9 @@ pub async fn burn_async(ms: u64, burn: fn(u64) -> u64) -> u64 {
 
 /// Burns `ms` of this thread's CPU time in `burn` without yielding (one long poll).
 pub fn burn_blocking(ms: u64, burn: fn(u64) -> u64) -> u64 {
-    let start = spanprof::thread_cpu_time();
+    let start = spanprof::stats::thread_cpu_time();
     let mut acc = 0;
-    while spanprof::thread_cpu_time() - start < Duration::from_millis(ms) {
+    while spanprof::stats::thread_cpu_time() - start < Duration::from_millis(ms) {
         acc ^= burn(2_000);
     }
     acc

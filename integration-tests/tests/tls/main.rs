@@ -12,7 +12,7 @@ use std::time::Duration;
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
 use opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_server::ProfilesServiceServer;
 use prost::Message;
-use spanprof::Profiler;
+use spanprof::{ProfileScope, Profiler};
 use spanprof_export::pyroscope::proto::push::v1::PushRequest;
 use spanprof_export::{
     DeliveryConfig, DeliveryStats, OtlpProfilesConfig, OtlpProfilesExporter, OtlpProtocol,
@@ -43,13 +43,12 @@ fn localhost_cert() -> (String, String, tokio_rustls::TlsAcceptor) {
 
 /// Few, quick retries: the failing cases end in about a second.
 fn quick_delivery() -> DeliveryConfig {
-    DeliveryConfig {
-        max_attempts: Some(2),
-        base_backoff: Duration::from_millis(50),
-        max_backoff: Duration::from_millis(100),
-        request_timeout: Duration::from_secs(3),
-        ..DeliveryConfig::default()
-    }
+    let mut d = DeliveryConfig::default();
+    d.max_attempts = Some(2);
+    d.base_backoff = Duration::from_millis(50);
+    d.max_backoff = Duration::from_millis(100);
+    d.request_timeout = Duration::from_secs(3);
+    d
 }
 
 /// Burns labelled CPU while `start` runs an exporter, then shuts it down.
@@ -58,7 +57,7 @@ async fn export_with<E: Send + 'static>(
     shutdown: impl FnOnce(E) -> DeliveryStats + Send + 'static,
 ) -> DeliveryStats {
     let profiler = Profiler::current_or_start().expect("profiler");
-    let exporter = start(ProfileSource::profiler(&profiler, false));
+    let exporter = start(ProfileSource::profiler(&profiler, ProfileScope::LocalRoot));
     support::burn_and_flush(&profiler, 300).await;
     tokio::task::spawn_blocking(move || shutdown(exporter))
         .await
@@ -248,8 +247,11 @@ fn a_bad_certificate_setting_names_its_variable() {
     let mut cfg = pyroscope("https://pyroscope:4040".into(), Some("not a certificate"));
     cfg.interval = Duration::from_secs(1);
     let profiler = Profiler::current_or_start().expect("profiler");
-    let err = PyroscopeExporter::start(cfg, ProfileSource::profiler(&profiler, false))
-        .unwrap_err()
-        .to_string();
+    let err = PyroscopeExporter::start(
+        cfg,
+        ProfileSource::profiler(&profiler, ProfileScope::LocalRoot),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("ca_certificates_pem"), "{err}");
 }

@@ -204,7 +204,7 @@ async fn random_method_names_neither_fill_the_interner_nor_rename_real_methods()
         count: 0,
     };
     c.alpha(burn).await.expect("alpha before the flood");
-    let before = spanprof::intern_stats();
+    let before = spanprof::stats::intern_stats();
     // 5 000 distinct method names, each a well-formed `/package.Service/Method`: half
     // in the served service, half in services that do not exist.
     let channel = tonic::transport::Endpoint::from_shared(url)
@@ -239,7 +239,7 @@ async fn random_method_names_neither_fill_the_interner_nor_rename_real_methods()
     for w in workers {
         w.await.unwrap();
     }
-    let flooded = spanprof::intern_stats();
+    let flooded = spanprof::stats::intern_stats();
     let flood_end = std::time::SystemTime::now();
     c.alpha(burn).await.expect("alpha after the flood");
     let after = wait_spans(2, named("POST /burner.Burner/Alpha"))

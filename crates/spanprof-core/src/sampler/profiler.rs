@@ -175,6 +175,7 @@ pub struct Capabilities {
 /// binaries' debug information), each thread's sample ring (fixed at start) and the
 /// unwinder's pool of caches (about 144 KB per CPU, fixed at start).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MemoryStats {
     /// The store's estimate ([`crate::StoreStats::bytes`]).
     pub store_bytes: usize,

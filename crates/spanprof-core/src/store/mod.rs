@@ -42,6 +42,7 @@ const BUCKET_ENTRY_BYTES: usize = 64;
 
 /// Bounds of a [`SpanProfileStore`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StoreConfig {
     /// Distinct spans kept; the oldest is evicted first. Defaults to [`DEFAULT_MAX_SPANS`].
     pub max_spans: usize,
@@ -94,6 +95,7 @@ impl StoreConfig {
 
 /// Counters of the store.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StoreStats {
     /// Spans held.
     pub spans: usize,

@@ -197,7 +197,7 @@ impl ProfileCorrelationLayerBuilder {
     /// The most distinct span names (`METHOD route`, or the gRPC method path) this
     /// layer hands out; requests of routes new past it are labelled [`UNKNOWN_ROUTE`]
     /// (counted: [`ProfileCorrelationLayer::unknown_routes`], with one warning). Names
-    /// are never forgotten (see `spanprof::intern_stats`), so this keeps a client
+    /// are never forgotten (see `spanprof::stats::intern_stats`), so this keeps a client
     /// that makes up paths or gRPC methods from using them all. Defaults to
     /// [`DEFAULT_MAX_ROUTES`] (512). At least 1, at most [`MAX_MAX_ROUTES`] (65 536);
     /// the layer's route table reserves 32 to 64 bytes per route of the bound (16 KiB

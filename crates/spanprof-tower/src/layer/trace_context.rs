@@ -9,7 +9,7 @@ use opentelemetry::trace::TraceContextExt;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
 
-use crate::otel_context::{AttachedContext, Place, SpanIds};
+use crate::otel_context::{AttachedContext, LookupSite, SpanIds};
 use crate::setup::TraceSource;
 
 /// Headers longer than this are ignored before parsing (W3C bounds `tracestate` at
@@ -109,7 +109,7 @@ fn new_span_id() -> u64 {
 }
 
 /// Whether the request span's context can be read from OpenTelemetry's attached one.
-static REQUEST_SPAN: AttachedContext = AttachedContext::new(Place::Request);
+static REQUEST_SPAN: AttachedContext = AttachedContext::new(LookupSite::Request);
 
 /// The trace identity of the request about to be served.
 pub(crate) fn current(headers: &http::HeaderMap) -> RequestTrace {

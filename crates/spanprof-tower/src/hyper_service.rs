@@ -12,7 +12,7 @@ use crate::layer::{Correlator, ProfiledBody, ResponseFuture};
 /// use std::convert::Infallible;
 /// use http_body_util::Full;
 /// use hyper::{Request, Response, body::{Bytes, Incoming}, service::service_fn};
-/// use spanprof_tower::{ProfileCorrelationLayer, hyper::ProfiledService};
+/// use spanprof_tower::{ProfileCorrelationLayer, hyper_service::ProfiledService};
 ///
 /// let svc = ProfiledService::new(
 ///     service_fn(|_req: Request<Incoming>| async {

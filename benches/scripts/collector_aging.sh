@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # CPU per request of the collector and the tokio workers of one `overhead` server, over
 # its life: N chunks of CHUNK seconds of JSON requests at RATE per second, read from
-# /proc/PID/task/*/schedstat after each (docs/overhead-history.md, 6.).
+# /proc/PID/task/*/schedstat after each (docs/lab/overhead-history.md, 6.).
 #
 #   cargo build --release -p spanprof-bench --bin overhead
-#   benches/collector_aging.sh baseline 1000 60 5
+#   benches/scripts/collector_aging.sh baseline 1000 60 5
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MODE=$1; RATE=$2; CHUNK=$3; N=$4
-. benches/serve.sh
+. benches/scripts/serve.sh
 start_server "$MODE"
 cpu() { echo "$(thread_cpu spanprof-collec) $(thread_cpu tokio-rt-worker)"; }
 read c0 w0 < <(cpu)

@@ -9,7 +9,7 @@
 # (`high_rate_in_cold`: high-rate signals that landed in cold work).
 #
 #   cargo build --release -p spanprof-bench --bin overhead
-#   benches/server_threads.sh hot10 4000 8
+#   benches/scripts/server_threads.sh hot10 4000 8
 set -euo pipefail
 MODE=$1 RATE=$2 SECS=$3
 EXE=target/release/overhead

@@ -1,7 +1,7 @@
 # Sourced by the bench scripts that study one `overhead` server's threads: starts the
 # server and reads its threads' CPU from /proc.
 #
-#   . benches/serve.sh; start_server baseline; echo "$URL"; thread_cpu spanprof-collec
+#   . benches/scripts/serve.sh; start_server baseline; echo "$URL"; thread_cpu spanprof-collec
 EXE=${EXE:-target/release/overhead}
 
 # Starts `overhead serve --mode MODE`; sets SRV_PID and URL. It exits when this

@@ -13,9 +13,9 @@ functions whose own (exclusive) instructions per request changed most, and the
 inclusive cost per request of spanprof's entry points.
 
     cargo build --release -p spanprof-bench --bin overhead
-    python3 benches/callgrind_servers.py 12 stack baseline [baseline-noprocessor ...]
-    python3 benches/callgrind_servers.py --workload checkout 40 stack baseline
-    SPANPROF_BASELINE_HZ=1 python3 benches/callgrind_servers.py --workers 1 12 stack baseline
+    python3 benches/scripts/callgrind_servers.py 12 stack baseline [baseline-noprocessor ...]
+    python3 benches/scripts/callgrind_servers.py --workload checkout 40 stack baseline
+    SPANPROF_BASELINE_HZ=1 python3 benches/scripts/callgrind_servers.py --workers 1 12 stack baseline
 
 With `--workers 1` the servers run one tokio worker (OVERHEAD_WORKERS): no allocation is
 freed on another thread, so glibc's allocator takes the same paths in every mode; with

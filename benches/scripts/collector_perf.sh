@@ -4,15 +4,15 @@
 # symbolization), then REC more seconds under `perf record` of the collector thread
 # alone. Prints the collector's and the drain thread's CPU per request over the
 # recording; the profile is left in /tmp/collector.perf.data
-# (docs/overhead-history.md, 11.).
+# (docs/lab/overhead-history.md, 11.).
 #
 #   cargo build --release -p spanprof-bench --bin overhead
-#   benches/collector_perf.sh baseline 90 60
+#   benches/scripts/collector_perf.sh baseline 90 60
 #   perf report -i /tmp/collector.perf.data --children --sort sym
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MODE=${1:-baseline}; WARM=${2:-90}; REC=${3:-60}
-. benches/serve.sh
+. benches/scripts/serve.sh
 start_server "$MODE"
 $EXE load --url $URL --workload json --secs $WARM --rate 1000 >/dev/null
 C=$(thread_ids spanprof-collec)

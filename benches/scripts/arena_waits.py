@@ -13,9 +13,9 @@ waits per request, and per mode how many processes were *contended* (more than
 THRESHOLD waits per request; uncontended processes of every mode read 0.01-0.05).
 
     cargo build --release -p spanprof-bench --bin overhead
-    python3 benches/arena_waits.py 8 stack baseline
-    python3 benches/arena_waits.py --exe /tmp/overhead-before 8 baseline
-    python3 benches/arena_waits.py --workload checkout --rate 150 4 stack baseline
+    python3 benches/scripts/arena_waits.py 8 stack baseline
+    python3 benches/scripts/arena_waits.py --exe /tmp/overhead-before 8 baseline
+    python3 benches/scripts/arena_waits.py --workload checkout --rate 150 4 stack baseline
 
 strace slows the traced process; the counts are for comparing modes and builds
 measured the same way, not CPU figures. Needs `strace` (Debian's package).

@@ -10,14 +10,14 @@ the share of spanprof's own functions; then, against the first mode, the functio
 whose CPU per request changed most. perf's own sampling cost is in every mode alike.
 
     cargo build --release -p spanprof-bench --bin overhead
-    python3 benches/perf_servers.py 4000 8 stack baseline
+    python3 benches/scripts/perf_servers.py 4000 8 stack baseline
 
 With `--concurrent` (first argument) every mode runs at the same time, each
 recorded by its own `perf` while its own load sends RATE / n requests per second: the
 machine's other load then falls on every mode alike, and the differences between
 modes are not run-to-run noise (see `overhead --concurrent`).
 
-    python3 benches/perf_servers.py --concurrent 4000 8 baseline-sampling baseline-nospans
+    python3 benches/scripts/perf_servers.py --concurrent 4000 8 baseline-sampling baseline-nospans
 """
 import collections
 import concurrent.futures

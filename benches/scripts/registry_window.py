@@ -11,8 +11,8 @@ order they came (first in, first out), `HELD` of them held at once. Prints the s
 of tracked spans evicted, for a table an eighth full (the default batch queue of
 2 048 ended spans) and a fifth full.
 
-    python3 benches/registry_window.py
-    python3 benches/registry_window.py --window 4 --overlapping
+    python3 benches/scripts/registry_window.py
+    python3 benches/scripts/registry_window.py --window 4 --overlapping
 """
 import collections
 import random
