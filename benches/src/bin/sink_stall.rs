@@ -14,7 +14,6 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use spanprof::ProfileScope;
 use spanprof::export::{ProfileSource, PyroscopeConfig, PyroscopeExporter};
 use spanprof::tower::{ProfileCorrelationLayer, RoutePolicy};
 use spanprof_bench::{BURNERS, arg, flag, print_json};
@@ -99,11 +98,7 @@ fn main() {
         let exporter = with_sink.then(|| {
             let mut cfg = PyroscopeConfig::new(format!("http://{stall_addr}"));
             cfg.interval = Duration::from_millis(100);
-            PyroscopeExporter::start(
-                cfg,
-                ProfileSource::profiler(&profiler, ProfileScope::LocalRoot),
-            )
-            .unwrap()
+            PyroscopeExporter::start(cfg, ProfileSource::profiler(&profiler)).unwrap()
         });
         let mut lat = rt.block_on(round(&url, secs, 4));
         lat.sort();

@@ -20,7 +20,7 @@ mod profile;
 mod record;
 mod registration;
 mod sampler;
-mod scope;
+pub mod scope;
 mod service;
 pub mod setup;
 mod store;
@@ -53,6 +53,7 @@ pub use sampler::{
     Capabilities, DEFAULT_BASELINE_HZ, DEFAULT_CACHE_BYTES, DEFAULT_DRAIN_INTERVAL,
     DEFAULT_HIGH_HZ, MAX_HIGH_HZ, MemoryStats, Profiler, ProfilerBuilder, Sampling, TIMER_MAX_HZ,
 };
+#[doc(inline)]
 pub use scope::ProfileScope;
 pub use service::{env_service_name, resource_service_name, set_resource_service_name};
 pub use store::{

@@ -160,14 +160,13 @@ impl Drop for Exporter {
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use spanprof_export::{OtlpProfilesConfig, OtlpProfilesExporter, ProfileSource};
 /// use spanprof_export::{PyroscopeConfig, PyroscopeExporter, Sinks};
-/// use spanprof_core::ProfileScope;
 /// let profiler = spanprof_core::Profiler::builder().start()?;
 /// let mut sinks = Sinks::new();
 /// if let Some(cfg) = PyroscopeConfig::from_env()? {
-///     sinks.push(PyroscopeExporter::start(cfg, ProfileSource::profiler(&profiler, ProfileScope::LocalRoot))?);
+///     sinks.push(PyroscopeExporter::start(cfg, ProfileSource::profiler(&profiler))?);
 /// }
 /// if let Some(cfg) = OtlpProfilesConfig::from_env()? {
-///     sinks.push(OtlpProfilesExporter::start(cfg, ProfileSource::profiler(&profiler, ProfileScope::LocalRoot))?);
+///     sinks.push(OtlpProfilesExporter::start(cfg, ProfileSource::profiler(&profiler))?);
 /// }
 /// // … serve …
 /// for (sink, stats) in sinks.shutdown(spanprof_export::DEFAULT_SHUTDOWN_DEADLINE) {

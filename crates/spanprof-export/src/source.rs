@@ -1,5 +1,6 @@
 //! [`ProfileSource`]: where each interval's profile comes from.
 
+use spanprof_core::scope::current_scope;
 use spanprof_core::{Profile, ProfileScope, Profiler};
 
 /// Where an exporter gets each interval's profile.
@@ -13,19 +14,20 @@ impl std::fmt::Debug for ProfileSource {
 
 impl ProfileSource {
     /// Everything the profiler samples from now on, one interval at a time, with span
-    /// ids in `scope`: [`ProfileScope::LocalRoot`] (Grafana's convention: inner
-    /// spans' samples carry their local root's id) or [`ProfileScope::AllSpans`]
-    /// (each span's own); use the scope the layer was built with. Each interval first drains the
-    /// profiler's per-thread buffers ([`Profiler::flush`]), so that every sample
-    /// taken before it — the last ones of a request that ended just before
-    /// shutdown, too — is in it.
-    pub fn profiler(profiler: &Profiler, scope: ProfileScope) -> Self {
+    /// ids in the process's [`ProfileScope`], the one the layer was built with (read
+    /// for each profile: [`spanprof_core::scope::current_scope`]):
+    /// [`ProfileScope::LocalRoot`] (the default, Grafana's convention: inner spans'
+    /// samples carry their local root's id) or [`ProfileScope::AllSpans`] (each
+    /// span's own). Each interval first drains the profiler's per-thread buffers
+    /// ([`Profiler::flush`]), so that every sample taken before it — the last ones
+    /// of a request that ended just before shutdown, too — is in it.
+    pub fn profiler(profiler: &Profiler) -> Self {
         let window = profiler.window(spanprof_core::DEFAULT_WINDOW_ENTRIES);
         let profiler = profiler.clone();
         ProfileSource(Box::new(move || {
             profiler.flush();
             let p = window.take();
-            match scope {
+            match current_scope() {
                 ProfileScope::AllSpans => p,
                 ProfileScope::LocalRoot => p.with_local_root_ids(),
             }

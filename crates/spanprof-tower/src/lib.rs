@@ -28,5 +28,5 @@ pub use processor::{
     ATTR_BUSY_NS, ATTR_CPU_NS, ATTR_CPU_SAMPLES, ATTR_HOT, ATTR_IDLE_NS, ATTR_MAX_POLL_NS,
     ATTR_POLLS, ATTR_PROFILE_ID, SpanProfileProcessor,
 };
-pub use registry::{MAX_TRACKED_SPANS, ended_unexported, scope, tracking_evicted};
+pub use registry::{MAX_TRACKED_SPANS, ended_unexported, tracking_evicted};
 pub use tracing_layer::{SpanProfileLayer, SpanSelector};

@@ -272,7 +272,9 @@ pub struct PolicyConfig {
     /// Routes never labelled or profiled.
     #[serde(default)]
     pub disabled: Vec<String>,
-    /// Which spans carry their own profile id.
+    /// Which spans carry their own profile id, for the whole process and its sinks
+    /// (see [`crate::ProfileCorrelationLayerBuilder::scope`]); unset leaves the scope
+    /// as it is.
     #[serde(default, deserialize_with = "deserialize_scope")]
     pub scope: Option<ProfileScope>,
 }

@@ -7,9 +7,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
-use spanprof_core::{Hotness, SpanLabels};
-
-use crate::ProfileScope;
+use spanprof_core::scope::current_scope;
+use spanprof_core::{Hotness, ProfileScope, SpanLabels};
 
 /// Most spans tracked at once: the places in the table (72 bytes each on Linux, its
 /// 64-byte lock and figures and its id, 1.1 MiB in all, allocated when a
@@ -51,7 +50,7 @@ impl Figures {
             polls: u32::try_from(stats.polls).unwrap_or(u32::MAX),
             cpu_samples: u32::try_from(labels.cpu_samples()).unwrap_or(u32::MAX),
             hot: labels.hotness(),
-            own_profile_id: scope() == ProfileScope::AllSpans
+            own_profile_id: current_scope() == ProfileScope::AllSpans
                 || labels.root_span_id() == labels.span_id(),
         }
     }
@@ -234,7 +233,6 @@ fn remove(span_id: u64) -> Option<State> {
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static EVICTED: AtomicU64 = AtomicU64::new(0);
-static SCOPE_ALL: AtomicBool = AtomicBool::new(false);
 static EVERY_SPAN: AtomicBool = AtomicBool::new(false);
 
 /// Turns tracking on (a [`crate::SpanProfileProcessor`] exists to consume it), and
@@ -263,20 +261,6 @@ pub(crate) fn track_every_span() {
 #[inline]
 pub(crate) fn track_at_start(hot: Hotness) -> bool {
     hot != Hotness::Cold || EVERY_SPAN.load(Ordering::Relaxed)
-}
-
-/// Sets which spans carry their own profile id (process-wide; the layer's builder sets it).
-pub(crate) fn set_scope(scope: ProfileScope) {
-    SCOPE_ALL.store(scope == ProfileScope::AllSpans, Ordering::Relaxed);
-}
-
-/// The scope in force.
-pub fn scope() -> ProfileScope {
-    if SCOPE_ALL.load(Ordering::Relaxed) {
-        ProfileScope::AllSpans
-    } else {
-        ProfileScope::LocalRoot
-    }
 }
 
 /// Remembers `labels` under its span id until the span ends: in the first empty

@@ -2,14 +2,15 @@
 //! warn level with the fix in the message: no `tracing` span around the requests (its
 //! level is filtered out, or the layer order is reversed), a span without an
 //! OpenTelemetry context (no `tracing-opentelemetry` layer), per-route settings the
-//! layer cannot apply (no route matching), and route keys no request has matched.
+//! layer cannot apply (no route matching), route keys no request has matched, and
+//! two layers that set different profile scopes (seen as the second is built).
 //! The core's checks (frame pointers, `tokio_unstable`, runtime hooks) are in
 //! `spanprof_core::setup`.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use spanprof_core::NameId;
+use spanprof_core::{NameId, ProfileScope};
 use tracing::level_filters::LevelFilter;
 
 /// How the layer found the request's trace identity.
@@ -26,10 +27,26 @@ pub(crate) enum TraceSource {
 static WARNED_NO_SPAN: AtomicBool = AtomicBool::new(false);
 static WARNED_NO_OTEL: AtomicBool = AtomicBool::new(false);
 static WARNED_NO_ROUTES: AtomicBool = AtomicBool::new(false);
+static WARNED_SCOPES: AtomicBool = AtomicBool::new(false);
 
 fn first_time(flag: &AtomicBool) -> bool {
     // A load first, so the common case (already warned) writes nothing.
     !flag.load(Ordering::Relaxed) && !flag.swap(true, Ordering::Relaxed)
+}
+
+/// Sets the process's profile scope for a layer built with one (the builder's
+/// `scope` or the policy file's); warns, once, if an earlier layer set another.
+pub(crate) fn set_scope(scope: ProfileScope) {
+    if let Some(before) = spanprof_core::scope::set_scope(scope)
+        && before != scope
+        && first_time(&WARNED_SCOPES)
+    {
+        tracing::warn!(
+            "spanprof: two layers set different profile scopes, {before:?} then {scope:?}; \
+             the scope is process-wide (spans' profile ids and every sink's span_id labels), \
+             so {scope:?} now applies to both: give every layer the same scope, or set it on one"
+        );
+    }
 }
 
 /// The warning for requests of `routes` that arrive with no current `tracing` span,

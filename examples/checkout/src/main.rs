@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 use checkout::stop::Stop;
 use checkout::telemetry::{self, Telemetry};
 use checkout::{ShopConfig, load, stop};
+use spanprof::Profiler;
 use spanprof::export::{
     OtlpProfilesConfig, OtlpProfilesExporter, ProfileSource, PyroscopeConfig, PyroscopeExporter,
     Sinks, redact_url,
 };
-use spanprof::{ProfileScope, Profiler};
 use spanprof_viewer::RecentSpans;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
@@ -187,11 +187,8 @@ async fn serve(cfg: ShopConfig, load_for: Duration, profiler: Profiler) -> Resul
             // The configuration prints its endpoint with any credentials redacted.
             println!("profiles      {c}");
             sinks.push(
-                PyroscopeExporter::start(
-                    c,
-                    ProfileSource::profiler(&profiler, ProfileScope::LocalRoot),
-                )
-                .map_err(|e| e.to_string())?,
+                PyroscopeExporter::start(c, ProfileSource::profiler(&profiler))
+                    .map_err(|e| e.to_string())?,
             );
         }
         Ok(None) => {}
@@ -208,11 +205,8 @@ async fn serve(cfg: ShopConfig, load_for: Duration, profiler: Profiler) -> Resul
         Ok(Some(c)) => {
             println!("profiles      {c} (experimental)");
             sinks.push(
-                OtlpProfilesExporter::start(
-                    c,
-                    ProfileSource::profiler(&profiler, ProfileScope::LocalRoot),
-                )
-                .map_err(|e| e.to_string())?,
+                OtlpProfilesExporter::start(c, ProfileSource::profiler(&profiler))
+                    .map_err(|e| e.to_string())?,
             );
         }
         Ok(None) => {}

@@ -11,7 +11,7 @@ use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfil
 use opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_server::ProfilesServiceServer;
 use opentelemetry_proto::tonic::common::v1::any_value;
 use prost::Message;
-use spanprof::{ProfileScope, Profiler, SpanLabels};
+use spanprof::{Profiler, SpanLabels};
 use spanprof_export::{OtlpProfilesConfig, OtlpProfilesExporter, OtlpProtocol, ProfileSource};
 use support::receiver::{OtlpCollector, Receiver};
 
@@ -83,11 +83,7 @@ fn run_exporter(endpoint: String, protocol: OtlpProtocol) -> [SpanLabels; 2] {
     let mut cfg = OtlpProfilesConfig::new(endpoint, protocol);
     cfg.service_name = "checkout".into();
     cfg.interval = Duration::from_millis(300);
-    let exporter = OtlpProfilesExporter::start(
-        cfg,
-        ProfileSource::profiler(&profiler, ProfileScope::AllSpans),
-    )
-    .unwrap();
+    let exporter = OtlpProfilesExporter::start(cfg, ProfileSource::profiler(&profiler)).unwrap();
     let (_, labels) = support::labelled_burn(600);
     profiler.flush();
     let stats = exporter.shutdown(Duration::from_secs(5));

@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use spanprof::{ProfileScope, Profiler};
+use spanprof::Profiler;
 use spanprof_export::{PprofFileConfig, PprofFileExporter, ProfileSource};
 use spanprof_viewer::debug_router;
 use support::{go_pprof, labelled_burn, top_function, total_ns};
@@ -19,11 +19,7 @@ fn periodic_files_read_by_go_tool_pprof() {
     let _ = std::fs::remove_dir_all(&dir);
     let mut cfg = PprofFileConfig::new(&dir);
     cfg.interval = Duration::from_millis(500);
-    let files = PprofFileExporter::start(
-        cfg,
-        ProfileSource::profiler(&profiler, ProfileScope::LocalRoot),
-    )
-    .unwrap();
+    let files = PprofFileExporter::start(cfg, ProfileSource::profiler(&profiler)).unwrap();
     let (cpu_ns, labels) = labelled_burn(1500);
     profiler.flush();
     let written = files.shutdown();

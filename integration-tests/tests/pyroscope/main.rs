@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use prost::Message;
-use spanprof::{Hotness, ProfileScope, Profiler, SpanLabels};
+use spanprof::{Hotness, Profiler, SpanLabels};
 use spanprof_export::pyroscope::proto::push::v1::PushRequest;
 use spanprof_export::{
     DeliveryConfig, ProfileSource, PyroscopeAuth, PyroscopeConfig, PyroscopeExporter,
@@ -52,11 +52,7 @@ async fn pushes_labelled_profiles_with_auth_tenant_and_series_labels() {
     .expect("configured from the environment");
     cfg.tags.push(("env".into(), "test".into()));
     cfg.interval = Duration::from_millis(500);
-    let exporter = PyroscopeExporter::start(
-        cfg,
-        ProfileSource::profiler(&profiler, ProfileScope::LocalRoot),
-    )
-    .unwrap();
+    let exporter = PyroscopeExporter::start(cfg, ProfileSource::profiler(&profiler)).unwrap();
     let labels = support::burn_and_flush(&profiler, 800).await;
     let stats = tokio::task::spawn_blocking(move || exporter.shutdown(Duration::from_secs(5)))
         .await
@@ -394,11 +390,7 @@ fn push_requests(
     let mut cfg = PyroscopeConfig::new(receiver.url());
     cfg.service_name = "checkout".into();
     cfg.interval = Duration::from_millis(500);
-    let exporter = PyroscopeExporter::start(
-        cfg,
-        ProfileSource::profiler(profiler, ProfileScope::LocalRoot),
-    )
-    .unwrap();
+    let exporter = PyroscopeExporter::start(cfg, ProfileSource::profiler(profiler)).unwrap();
     let roots = std::thread::spawn(move || {
         spanprof::register_current_thread();
         (first..first + requests)

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
 use prost::Message;
-use spanprof::{Hotness, ProfileScope, Profiler, SpanLabels};
+use spanprof::{Hotness, Profiler, SpanLabels};
 use spanprof_export::pyroscope::proto::push::v1::PushRequest;
 use spanprof_export::{
     Delivery, DeliveryConfig, DeliveryStats, OtlpProfilesConfig, OtlpProfilesExporter,
@@ -105,7 +105,7 @@ fn a_request_ending_just_before_shutdown_reaches_every_sink() {
         // The default interval (10 s): everything goes in the shutdown's interval.
         let pyro = PyroscopeExporter::start(
             PyroscopeConfig::new(pyroscope.url()),
-            ProfileSource::profiler(&profiler, ProfileScope::LocalRoot),
+            ProfileSource::profiler(&profiler),
         )
         .unwrap();
         let otel = OtlpProfilesExporter::start(
@@ -113,7 +113,7 @@ fn a_request_ending_just_before_shutdown_reaches_every_sink() {
                 format!("{}/v1development/profiles", otlp.url()),
                 OtlpProtocol::HttpProtobuf,
             ),
-            ProfileSource::profiler(&profiler, ProfileScope::LocalRoot),
+            ProfileSource::profiler(&profiler),
         )
         .unwrap();
         let labels = SpanLabels::builder()

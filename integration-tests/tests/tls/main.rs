@@ -12,7 +12,7 @@ use std::time::Duration;
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
 use opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_server::ProfilesServiceServer;
 use prost::Message;
-use spanprof::{ProfileScope, Profiler};
+use spanprof::Profiler;
 use spanprof_export::pyroscope::proto::push::v1::PushRequest;
 use spanprof_export::{
     DeliveryConfig, DeliveryStats, OtlpProfilesConfig, OtlpProfilesExporter, OtlpProtocol,
@@ -57,7 +57,7 @@ async fn export_with<E: Send + 'static>(
     shutdown: impl FnOnce(E) -> DeliveryStats + Send + 'static,
 ) -> DeliveryStats {
     let profiler = Profiler::current_or_start().expect("profiler");
-    let exporter = start(ProfileSource::profiler(&profiler, ProfileScope::LocalRoot));
+    let exporter = start(ProfileSource::profiler(&profiler));
     support::burn_and_flush(&profiler, 300).await;
     tokio::task::spawn_blocking(move || shutdown(exporter))
         .await
@@ -247,11 +247,8 @@ fn a_bad_certificate_setting_names_its_variable() {
     let mut cfg = pyroscope("https://pyroscope:4040".into(), Some("not a certificate"));
     cfg.interval = Duration::from_secs(1);
     let profiler = Profiler::current_or_start().expect("profiler");
-    let err = PyroscopeExporter::start(
-        cfg,
-        ProfileSource::profiler(&profiler, ProfileScope::LocalRoot),
-    )
-    .unwrap_err()
-    .to_string();
+    let err = PyroscopeExporter::start(cfg, ProfileSource::profiler(&profiler))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("ca_certificates_pem"), "{err}");
 }

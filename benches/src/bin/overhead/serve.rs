@@ -6,7 +6,6 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use spanprof::ProfileScope;
 use spanprof::export::{ProfileSource, PyroscopeConfig, PyroscopeExporter};
 use spanprof::tower::{
     ProfileCorrelationLayer, RoutePolicy, SpanProfileLayer, SpanProfileProcessor,
@@ -131,7 +130,7 @@ pub fn serve(mode: &str, sink: &str) {
     let _push = (mode != "labels-only").then(|| {
         PyroscopeExporter::start(
             PyroscopeConfig::new(sink),
-            ProfileSource::profiler(&profiler, ProfileScope::LocalRoot),
+            ProfileSource::profiler(&profiler),
         )
         .expect("pyroscope push")
     });

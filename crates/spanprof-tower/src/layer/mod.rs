@@ -182,7 +182,13 @@ impl ProfileCorrelationLayerBuilder {
         self
     }
 
-    /// Which spans carry their own profile id. Defaults to [`ProfileScope::LocalRoot`].
+    /// Which spans carry their own profile id, for the whole process: this layer's
+    /// spans, every other layer's, and the samples every sink exports (the setting is
+    /// [`spanprof_core::scope::current_scope`], which `spanprof-export`'s
+    /// `ProfileSource::profiler` reads for each profile). Defaults to
+    /// [`ProfileScope::LocalRoot`]. A layer built without a scope (here or in the
+    /// policy file) leaves the one set before; two layers that set different scopes
+    /// log one warning, and the last one built wins.
     pub fn scope(mut self, scope: ProfileScope) -> Self {
         self.scope = Some(scope);
         self
@@ -221,7 +227,7 @@ impl ProfileCorrelationLayerBuilder {
     /// the builder's own methods. Errors name the field or variable.
     pub fn build(self) -> Result<ProfileCorrelationLayer, ConfigError> {
         let mut policies = Policies::new();
-        let mut scope = ProfileScope::default();
+        let mut scope = None;
         let env = if self.ignore_env {
             None
         } else {
@@ -236,9 +242,7 @@ impl ProfileCorrelationLayerBuilder {
                 policies.routes.insert(route.clone(), policy);
             }
             policies.disabled.extend(cfg.disabled.iter().cloned());
-            if let Some(sc) = cfg.scope {
-                scope = sc;
-            }
+            scope = cfg.scope.or(scope);
         }
         if let Some(d) = self.default {
             policies.default = d;
@@ -247,9 +251,7 @@ impl ProfileCorrelationLayerBuilder {
             policies.routes.insert(route, p);
         }
         policies.disabled.extend(self.disabled);
-        if let Some(s) = self.scope {
-            scope = s;
-        }
+        scope = self.scope.or(scope);
         let profiler = match self.profiler {
             Some(p) => Some(p),
             None => match Profiler::current_or_start() {
@@ -276,7 +278,9 @@ impl ProfileCorrelationLayerBuilder {
                 "must be at most 65536 (MAX_MAX_ROUTES): past the interner's bound new names read (other) anyway",
             ));
         }
-        registry::set_scope(scope);
+        if let Some(scope) = scope {
+            setup::set_scope(scope);
+        }
         // The layer is built as the service starts: check what can be checked now.
         spanprof_core::setup::check_at_start();
         // quanta calibrates its clock on first use (milliseconds): here, not in the
