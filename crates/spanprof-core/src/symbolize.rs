@@ -439,7 +439,15 @@ mod tests {
     /// Read system calls made by the calling thread so far (`syscr` of
     /// `/proc/thread-self/io`).
     fn reads_by_this_thread() -> u64 {
-        let io = std::fs::read_to_string("/proc/thread-self/io").expect("thread io counters");
+        // One read call of a fixed buffer (the file is far smaller): `read_to_string`
+        // makes a number of calls that depends on the text's length, which changes
+        // as the counters gain digits, and that made the count of its own reads vary.
+        use std::io::Read;
+        let mut buf = [0u8; 4096];
+        let n = std::fs::File::open("/proc/thread-self/io")
+            .and_then(|mut f| f.read(&mut buf))
+            .expect("thread io counters");
+        let io = std::str::from_utf8(&buf[..n]).expect("utf-8");
         io.lines()
             .find_map(|l| l.strip_prefix("syscr: "))
             .and_then(|n| n.trim().parse().ok())
