@@ -107,10 +107,12 @@ def main():
         user = sum(v for (side, _), v in f.items() if side == "user")
         kernel = sum(v for (side, _), v in f.items() if side == "kernel")
         own = sum(v for (_, fn), v in f.items()
-                  if "spanprof" in fn and "spanprof_bench" not in fn)
+                  if "spanprof" in fn and "spanprof_bench" not in fn
+                  and "spanprof_workloads" not in fn)
         print(f"  {m}: {n}; {user:.1f}, {kernel:.1f}; {own:.2f}")
         mine = sorted(((v, fn) for (_, fn), v in f.items()
-                       if "spanprof" in fn and "spanprof_bench" not in fn), reverse=True)
+                       if "spanprof" in fn and "spanprof_bench" not in fn
+                       and "spanprof_workloads" not in fn), reverse=True)
         for v, fn in mine[:8]:
             print(f"      {v:5.2f}  {fn[:130]}")
     _, a = results[modes[0]]

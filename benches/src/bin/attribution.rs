@@ -8,7 +8,8 @@
 
 use std::time::Duration;
 
-use spanprof_bench::{Mode, Workload, arg, flag, print_json, run_and_score};
+use spanprof_bench::{arg, flag, print_json};
+use spanprof_workloads::{Mode, Workload, run_and_score};
 
 fn main() {
     let seconds: u64 = arg("--seconds").map_or(10, |s| s.parse().expect("--seconds N"));

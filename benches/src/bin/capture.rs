@@ -6,7 +6,8 @@
 use std::time::{Duration, Instant};
 
 use spanprof::{Hotness, SpanLabels};
-use spanprof_bench::{BURNERS, arg, flag, print_json};
+use spanprof_bench::{arg, flag, print_json};
+use spanprof_workloads::BURNERS;
 
 fn main() {
     let hz: u32 = arg("--hz").map_or(1000, |s| s.parse().expect("--hz N"));

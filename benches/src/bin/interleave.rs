@@ -7,7 +7,8 @@
 //! `cargo run --release -p spanprof-bench --bin interleave -- [--rounds 5] [--hot-ms 1000] [--hz 1000] --json`
 
 use serde_json::json;
-use spanprof_bench::{Interleaving, arg, print_json};
+use spanprof_bench::{arg, print_json};
+use spanprof_workloads::Interleaving;
 
 fn summary(mut v: Vec<f64>) -> serde_json::Value {
     v.sort_by(f64::total_cmp);

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use spanprof_bench::{BURNERS, arg, print_json};
+use spanprof_bench::{arg, print_json};
+use spanprof_workloads::BURNERS;
 
 fn rss_mib() -> f64 {
     spanprof_bench::proc_status_kib("VmRSS:") as f64 / 1024.0

@@ -24,7 +24,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use spanprof::{Hotness, SpanLabels};
-use spanprof_bench::{BURNERS, arg, print_json};
+use spanprof_bench::{arg, print_json};
+use spanprof_workloads::BURNERS;
 
 const RATES: &[u32] = &[99, 250, 1000, 2000, 4000];
 

@@ -16,7 +16,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use spanprof::export::{ProfileSource, PyroscopeConfig, PyroscopeExporter};
 use spanprof::tower::{ProfileCorrelationLayer, RoutePolicy};
-use spanprof_bench::{BURNERS, arg, flag, print_json};
+use spanprof_bench::{arg, flag, print_json};
+use spanprof_workloads::BURNERS;
 
 async fn handler() -> String {
     BURNERS[0].1(20_000).to_string()

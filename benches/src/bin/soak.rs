@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use spanprof::WithSpanLabels;
-use spanprof_bench::{BURNERS, arg, print_json};
+use spanprof_bench::{arg, print_json};
+use spanprof_workloads::BURNERS;
 
 macro_rules! levels {
     ($($name:ident = $k:literal),*) => {

@@ -1,4 +1,4 @@
-//! Stack quality: for each pattern of `spanprof_bench::stacks` (work inside glibc,
+//! Stack quality: for each pattern of `spanprof_workloads::stacks` (work inside glibc,
 //! Rust's formatting, serde_json, regex, the C zlib), the share of its samples whose
 //! stack holds the pattern's caller and reaches the thread's first frame, and the
 //! mean depth; with the DWARF unwinder and the frame-pointer walk side by side in
@@ -18,8 +18,8 @@
 use std::time::Duration;
 
 use spanprof::{Profiler, Unwinding};
-use spanprof_bench::stacks::{self, STACK_PATTERNS, StackQuality};
 use spanprof_bench::{arg, print_json};
+use spanprof_workloads::stacks::{self, STACK_PATTERNS, StackQuality};
 
 fn quality_json(q: &StackQuality) -> serde_json::Value {
     serde_json::json!({

@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 
 use spanprof::Profiler;
-use spanprof_bench::{Mode, Workload, run_and_score};
+use spanprof_workloads::{Mode, Workload, run_and_score};
 use support::{assert_attribution, assert_migrated};
 
 fn workload(mode: Mode) -> Workload {
@@ -98,7 +98,7 @@ fn spawn_blocking_keeps_labels() {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     spanprof::install_runtime_hooks(&mut builder);
     let rt = builder.worker_threads(2).enable_all().build().unwrap();
-    let labels = spanprof_bench::class_labels(3, 0, true);
+    let labels = spanprof_workloads::class_labels(3, 0, true);
     let span = labels.span_id();
     rt.block_on(spanprof::WithSpanLabels::with_span_labels(
         async {
@@ -107,7 +107,7 @@ fn spawn_blocking_keeps_labels() {
                 // can be well under the 100 ms of CPU the assertions need.
                 let start = spanprof::stats::thread_cpu_time();
                 while spanprof::stats::thread_cpu_time() - start < Duration::from_millis(300) {
-                    spanprof_bench::BURNERS[3].1(10_000);
+                    spanprof_workloads::BURNERS[3].1(10_000);
                 }
             })
             .await
@@ -146,7 +146,7 @@ fn by_span_names_each_spans_own_work() {
             .iter()
             .find(|r| r.labels.as_ref().is_some_and(|x| x.span_id == l.span_id()))
             .unwrap_or_else(|| panic!("no row for span {class}: {rows:?}"));
-        let burner = spanprof_bench::BURNERS[class].0;
+        let burner = spanprof_workloads::BURNERS[class].0;
         assert!(row.samples > 0 && row.cpu_ns > 0, "{row:?}");
         assert!(
             row.top_functions
@@ -155,7 +155,7 @@ fn by_span_names_each_spans_own_work() {
             "span {class}'s top functions miss {burner}: {:?}",
             row.top_functions
         );
-        let other = spanprof_bench::BURNERS[1 - class].0;
+        let other = spanprof_workloads::BURNERS[1 - class].0;
         assert!(
             !row.top_functions.iter().any(|f| f.function.contains(other)),
             "span {class} got {other}: {:?}",

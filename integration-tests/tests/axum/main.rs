@@ -7,8 +7,8 @@ mod support;
 
 use axum::Router;
 use axum::routing::get;
-use spanprof_bench::BURNERS;
 use spanprof_tower::{ProfileCorrelationLayer, RoutePolicy};
+use spanprof_workloads::BURNERS;
 use support::web::*;
 use tower_http::trace::TraceLayer;
 

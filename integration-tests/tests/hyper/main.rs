@@ -11,9 +11,9 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use spanprof_bench::BURNERS;
 use spanprof_tower::hyper_service::ProfiledService;
 use spanprof_tower::{ProfileCorrelationLayer, RoutePolicy};
+use spanprof_workloads::BURNERS;
 use support::web::*;
 use tracing::Instrument;
 

@@ -20,7 +20,7 @@ fn crunch_job(ms: u64) -> u64 {
     let start = spanprof::stats::thread_cpu_time();
     let mut x = 0u64;
     while spanprof::stats::thread_cpu_time() - start < Duration::from_millis(ms) {
-        x = std::hint::black_box(spanprof_bench::BURNERS[0].1(20_000).wrapping_add(x));
+        x = std::hint::black_box(spanprof_workloads::BURNERS[0].1(20_000).wrapping_add(x));
     }
     x
 }
@@ -31,7 +31,7 @@ fn crunch_subtask(ms: u64) -> u64 {
     let start = spanprof::stats::thread_cpu_time();
     let mut x = 0u64;
     while spanprof::stats::thread_cpu_time() - start < Duration::from_millis(ms) {
-        x = std::hint::black_box(spanprof_bench::BURNERS[1].1(20_000).wrapping_add(x));
+        x = std::hint::black_box(spanprof_workloads::BURNERS[1].1(20_000).wrapping_add(x));
     }
     x
 }

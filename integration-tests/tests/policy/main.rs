@@ -10,8 +10,8 @@ use axum::Router;
 use axum::routing::get;
 use opentelemetry::Value;
 use spanprof::Hotness;
-use spanprof_bench::BURNERS;
 use spanprof_tower::{ProfileCorrelationLayer, RoutePolicy, rate_picks};
+use spanprof_workloads::BURNERS;
 use support::web::*;
 use tower_http::trace::TraceLayer;
 

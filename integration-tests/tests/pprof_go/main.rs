@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 
 use spanprof::Profiler;
-use spanprof_bench::{Mode, Workload, class_labels};
+use spanprof_workloads::{Mode, Workload, class_labels};
 use support::{go_pprof, top_function};
 
 #[test]
@@ -78,7 +78,7 @@ fn the_profile_id_recipe_finds_work_inside_inner_spans() {
         let _g = inner_labels.enter();
         let start = spanprof::stats::thread_cpu_time();
         while spanprof::stats::thread_cpu_time() - start < Duration::from_millis(400) {
-            spanprof_bench::BURNERS[2].1(5_000);
+            spanprof_workloads::BURNERS[2].1(5_000);
         }
     })
     .join()

@@ -372,7 +372,7 @@ fn burn_under(labels: &SpanLabels, cpu: Duration) {
     let _g = labels.enter();
     let start = spanprof::stats::thread_cpu_time();
     while spanprof::stats::thread_cpu_time() - start < cpu {
-        std::hint::black_box(spanprof_bench::BURNERS[0].1(5_000));
+        std::hint::black_box(spanprof_workloads::BURNERS[0].1(5_000));
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use spanprof::stats::SamplerStats;
 use spanprof::{Hotness, Profiler, SpanLabels, StoreConfig};
-use spanprof_bench::BURNERS;
+use spanprof_workloads::BURNERS;
 
 /// Whether this process has a handler installed for SIGPROF (`SigCgt` bit 26).
 fn sigprof_caught() -> bool {

@@ -24,7 +24,7 @@ fn burn_in(labels: &SpanLabels, cpu_ms: u64) {
         let _g = labels.enter();
         let start = spanprof::stats::thread_cpu_time();
         while spanprof::stats::thread_cpu_time() - start < Duration::from_millis(cpu_ms) {
-            spanprof_bench::BURNERS[0].1(5_000);
+            spanprof_workloads::BURNERS[0].1(5_000);
         }
     })
     .join()

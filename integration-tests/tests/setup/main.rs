@@ -487,7 +487,7 @@ fn a_warning_found_before_the_subscriber_is_logged_once_there_is_one() {
     let labels = spanprof::SpanLabels::builder().span_id(7).build();
     wait_until(|| {
         let _g = labels.enter();
-        web::burn_blocking(20, spanprof_bench::BURNERS[0].1);
+        web::burn_blocking(20, spanprof_workloads::BURNERS[0].1);
         !warnings(&logs, "install_runtime_hooks").is_empty()
     });
     assert_eq!(

@@ -37,7 +37,7 @@ fn burn_under(labels: &SpanLabels, cpu: Duration) {
     let _g = labels.enter();
     let start = spanprof::stats::thread_cpu_time();
     while spanprof::stats::thread_cpu_time() - start < cpu {
-        std::hint::black_box(spanprof_bench::BURNERS[1].1(5_000));
+        std::hint::black_box(spanprof_workloads::BURNERS[1].1(5_000));
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use spanprof::defaults::DETACHED_SPAN_NAME;
 use spanprof::{Hotness, Profiler, SpanLabels, WithSpanLabels};
-use spanprof_bench::BURNERS;
+use spanprof_workloads::BURNERS;
 use support::web::burn_blocking;
 
 /// A runtime with spanprof's hooks (task label inheritance with `tokio_unstable`).
@@ -300,7 +300,7 @@ fn hot_work_next_to_cold_work_is_sampled_at_its_rate() {
     for poll_us in [50, 200, 1000] {
         // Cold polls three quarters as long as the hot ones keep a fixed sampling
         // period from landing on a poll boundary.
-        let o = spanprof_bench::Interleaving {
+        let o = spanprof_workloads::Interleaving {
             hot_poll_us: poll_us,
             cold_poll_us: poll_us * 3 / 4,
             hot_cpu_ms: 1500,

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
-use spanprof_bench::BURNERS;
 use spanprof_tower::{ProfileCorrelationLayer, ProfileScope, RoutePolicy};
+use spanprof_workloads::BURNERS;
 use support::web::*;
 use tower_http::trace::TraceLayer;
 use tracing::Instrument;

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use spanprof::Profiler;
-use spanprof_bench::stacks::{self, StackQuality};
+use spanprof_workloads::stacks::{self, StackQuality};
 
 /// Runs `pattern` for `cpu` at 1 kHz in span `span_id`; returns its score.
 fn measure(profiler: &Profiler, name: &str, span_id: u64, cpu: Duration) -> StackQuality {

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
-use spanprof_bench::Outcome;
+use spanprof_workloads::Outcome;
 
 /// Asserts the attribution goals of issue 2 on one run, with the numbers in the message.
 #[track_caller]
@@ -96,8 +96,8 @@ pub async fn burn_and_flush(
 /// cold (baseline). Returns the two threads' CPU time in ns and their labels.
 pub fn labelled_burn(cpu_ms: u64) -> (u64, [spanprof::SpanLabels; 2]) {
     let labels = [
-        spanprof_bench::class_labels(0, 0, true),
-        spanprof_bench::class_labels(1, 1, false),
+        spanprof_workloads::class_labels(0, 0, true),
+        spanprof_workloads::class_labels(1, 1, false),
     ];
     let handles: Vec<_> = labels
         .iter()
@@ -111,7 +111,7 @@ pub fn labelled_burn(cpu_ms: u64) -> (u64, [spanprof::SpanLabels; 2]) {
                 while spanprof::stats::thread_cpu_time() - start
                     < std::time::Duration::from_millis(cpu_ms)
                 {
-                    spanprof_bench::BURNERS[class].1(5_000);
+                    spanprof_workloads::BURNERS[class].1(5_000);
                 }
                 (spanprof::stats::thread_cpu_time() - start).as_nanos() as u64
             })

@@ -7,11 +7,11 @@ mod support;
 
 use std::pin::Pin;
 
-use spanprof_bench::BURNERS;
 use spanprof_integration_tests::burner::burner_client::BurnerClient;
 use spanprof_integration_tests::burner::burner_server::{Burner, BurnerServer};
 use spanprof_integration_tests::burner::{BurnReply, BurnRequest};
 use spanprof_tower::{GrpcRoute, ProfileCorrelationLayer, RoutePolicy};
+use spanprof_workloads::BURNERS;
 use support::web::*;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 const RATES: &[i32] = &[99, 250, 1000, 2000, 4000];
 
-/// The same xorshift burner as spanprof-bench's `burn_class_0`/`_1`.
+/// The same xorshift burner as spanprof-workloads' `burn_class_0`/`_1`.
 #[inline(never)]
 fn burn(iters: u64, k: u64) -> u64 {
     let mut x = k;

@@ -43,7 +43,7 @@ macro_rules! burners {
     };
 }
 
-// The same bodies as spanprof-bench's burners.
+// The same bodies as spanprof-workloads' burners.
 burners!(
     burn_class_0 = (13, 7, 17, 0x9e3779b97f4a7c15),
     burn_class_1 = (11, 9, 19, 0x2545f4914f6cdd1d),

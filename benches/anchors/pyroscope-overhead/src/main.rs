@@ -1,6 +1,6 @@
 //! The pyroscope-rs mode of spanprof's `overhead` benchmark: the same service and the
 //! same "user's existing stack" as `spanprof-bench`'s `overhead serve --mode stack`
-//! (the same source files, included by path), plus pyroscope-rs 2.1.5's agent with
+//! (the same source files of `spanprof-workloads`, included by path), plus pyroscope-rs 2.1.5's agent with
 //! its pprof-rs backend at 100 Hz, each request tagged with its route through
 //! `PyroscopeAgent::tag_wrapper` (set as the handler starts, removed as it ends: its
 //! documented per-request use), pushing to the sink given with `--sink` every 10 s.
@@ -16,11 +16,11 @@ use pyroscope::pyroscope::PyroscopeAgentBuilder;
 use tower_http::trace::TraceLayer;
 use tracing_subscriber::prelude::*;
 
-#[path = "../../../../examples/checkout/src/shop.rs"]
+#[path = "../../../../workloads/src/shop.rs"]
 #[allow(dead_code)]
 mod shop;
 
-#[path = "../../../src/service.rs"]
+#[path = "../../../../workloads/src/service.rs"]
 #[allow(dead_code)]
 mod service;
 

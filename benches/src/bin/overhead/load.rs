@@ -10,7 +10,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use spanprof_bench::service;
+use spanprof_workloads::service;
 
 use crate::cli::LoadArgs;
 

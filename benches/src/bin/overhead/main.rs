@@ -1,7 +1,7 @@
 //! What spanprof costs a service, next to what the service already runs.
 //!
 //! One run starts one server **process** per mode, each on a 2-worker tokio runtime
-//! serving the same routes (`spanprof_bench::service`): a light JSON API handler
+//! serving the same routes (`spanprof_workloads::service`): a light JSON API handler
 //! (`POST /api/orders`: parse, validate, price, serialize; about 50 µs of CPU) and the
 //! checkout example's handler mix (`GET /checkout`, `GET /cart/{id}`). The modes:
 //!

@@ -10,7 +10,7 @@ use spanprof::export::{ProfileSource, PyroscopeConfig, PyroscopeExporter};
 use spanprof::tower::{
     ProfileCorrelationLayer, RoutePolicy, SpanProfileLayer, SpanProfileProcessor,
 };
-use spanprof_bench::service;
+use spanprof_workloads::service;
 use tower_http::trace::TraceLayer;
 use tracing_subscriber::prelude::*;
 

@@ -1,13 +1,14 @@
 //! The service the `overhead` benchmark measures, shared word for word with the
 //! pyroscope-rs anchor (`benches/anchors/pyroscope-overhead` includes this file with
 //! `#[path]`, so both servers run the same handlers): a light JSON API handler and
-//! the checkout example's handler mix, the "user's existing stack" (tower-http's
+//! the checkout example's handler mix (on this crate's frozen copy of its shop), the "user's existing stack" (tower-http's
 //! `TraceLayer` and `tracing-opentelemetry` exporting through a batch span processor
 //! to an in-process exporter that discards), and the control channel the benchmark
 //! reads the server's CPU time through.
 //!
-//! This file uses only crates both packages depend on, and reaches the checkout
-//! example's business logic as `crate::shop`.
+//! This file uses only crates both packages depend on, and reaches the shop's
+//! business logic as `crate::shop` (`workloads/src/shop.rs`, included by the anchor
+//! too).
 
 use std::io::{BufRead, Write};
 use std::sync::OnceLock;
