@@ -55,7 +55,9 @@ pub use sampler::{
 };
 #[doc(inline)]
 pub use scope::ProfileScope;
-pub use service::{env_service_name, resource_service_name, set_resource_service_name};
+pub use service::{
+    env_service_name, percent_decode, resource_service_name, set_resource_service_name,
+};
 pub use store::{
     DEFAULT_BUCKET_WIDTH, DEFAULT_BUCKETS, DEFAULT_MAX_BYTES, DEFAULT_MAX_SPANS,
     DEFAULT_MAX_STACKS, SpanProfileStore, SpanSummary, StoreConfig, StoreStats,

@@ -50,8 +50,14 @@ pub fn env_service_name(var: impl Fn(&str) -> Option<String>) -> Option<String> 
     })
 }
 
-/// `%XX` escapes decoded; `None` when one is malformed or the result is not UTF-8.
-fn percent_decode(s: &str) -> Option<String> {
+/// `s` with its `%XX` escapes decoded, as the `OTEL_*` variables' values and header
+/// lists are written; `None` when an escape is malformed or the result is not UTF-8.
+///
+/// ```
+/// assert_eq!(spanprof_core::percent_decode("cart%20api").as_deref(), Some("cart api"));
+/// assert_eq!(spanprof_core::percent_decode("bad%2"), None);
+/// ```
+pub fn percent_decode(s: &str) -> Option<String> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

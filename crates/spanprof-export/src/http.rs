@@ -285,7 +285,8 @@ fn split_credentials(url: &str) -> Result<(http::Uri, Option<http::HeaderValue>)
         return url.parse().map(|u| (u, None)).map_err(|e| redacted(&e));
     };
     let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-    let decode = |s: &str| crate::percent_decode(s).ok_or_else(|| "bad credentials".to_owned());
+    let decode =
+        |s: &str| spanprof_core::percent_decode(s).ok_or_else(|| "bad credentials".to_owned());
     let basic = basic_auth(&decode(user)?, &decode(password)?);
     let uri = format!("{scheme}://{host}{tail}")
         .parse()

@@ -148,9 +148,9 @@ pub fn parse_otlp_headers(name: &str, value: &str) -> Result<Vec<(String, String
                 format!("entry {} is not `key=value`", i + 1),
             ));
         };
-        let key = crate::percent_decode(k.trim())
+        let key = spanprof_core::percent_decode(k.trim())
             .ok_or_else(|| ExportError::config(name, format!("entry {} has a bad key", i + 1)))?;
-        let value = crate::percent_decode(v.trim()).ok_or_else(|| {
+        let value = spanprof_core::percent_decode(v.trim()).ok_or_else(|| {
             ExportError::config(
                 name,
                 format!("the value of `{key}` is not valid percent-encoded UTF-8"),

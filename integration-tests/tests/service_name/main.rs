@@ -7,7 +7,6 @@
 #[path = "../support/mod.rs"]
 mod support;
 
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
@@ -22,16 +21,7 @@ use spanprof_export::{
 };
 use support::receiver::{Receiver, numbered_source};
 
-fn logs() -> Arc<Mutex<Vec<String>>> {
-    static LOGS: OnceLock<Arc<Mutex<Vec<String>>>> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        tracing::subscriber::set_global_default(support::capture_logs(logs.clone()))
-            .expect("no other subscriber in this test binary");
-        logs
-    })
-    .clone()
-}
+use support::global_logs as logs;
 
 fn warnings(needle: &str) -> Vec<String> {
     logs()

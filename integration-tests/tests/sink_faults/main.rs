@@ -7,7 +7,7 @@
 mod support;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
@@ -20,17 +20,7 @@ use spanprof_export::{
 };
 use support::receiver::{Receiver, Reply, numbered_source, pushed_numbers};
 
-/// Every event logged in this process, by any thread (the sinks log from theirs).
-fn logs() -> Arc<Mutex<Vec<String>>> {
-    static LOGS: OnceLock<Arc<Mutex<Vec<String>>>> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        tracing::subscriber::set_global_default(support::capture_logs(logs.clone()))
-            .expect("no other subscriber in this test binary");
-        logs
-    })
-    .clone()
-}
+use support::global_logs as logs;
 
 /// Burns `cpu` of this thread's CPU time under `labels`.
 fn burn_under(labels: &SpanLabels, cpu: Duration) {

@@ -6,7 +6,6 @@
 #[path = "../support/mod.rs"]
 mod support;
 
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use spanprof_export::{
@@ -15,17 +14,7 @@ use spanprof_export::{
 };
 use support::receiver::{Receiver, Reply, numbered_source};
 
-/// Every event logged in this process, by any thread (the sinks log from theirs).
-fn logs() -> Arc<Mutex<Vec<String>>> {
-    static LOGS: OnceLock<Arc<Mutex<Vec<String>>>> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        tracing::subscriber::set_global_default(support::capture_logs(logs.clone()))
-            .expect("no other subscriber in this test binary");
-        logs
-    })
-    .clone()
-}
+use support::global_logs as logs;
 
 /// The lines at `level` (`INFO`, `WARN`) that contain `needle`.
 fn lines(level: &str, needle: &str) -> Vec<String> {

@@ -198,6 +198,20 @@ pub fn capture_logs(logs: std::sync::Arc<Mutex<Vec<String>>>) -> impl tracing::S
     tracing_subscriber::registry().with(LogCapture(logs))
 }
 
+/// Every event logged in this process, by any thread (the sinks log from theirs): the
+/// first call installs [`capture_logs`] as the global subscriber.
+pub fn global_logs() -> std::sync::Arc<Mutex<Vec<String>>> {
+    static LOGS: std::sync::OnceLock<std::sync::Arc<Mutex<Vec<String>>>> =
+        std::sync::OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs = std::sync::Arc::new(Mutex::new(Vec::new()));
+        tracing::subscriber::set_global_default(capture_logs(logs.clone()))
+            .expect("no other subscriber in this test binary");
+        logs
+    })
+    .clone()
+}
+
 /// What each open file descriptor points at (for failure messages).
 pub fn fd_targets() -> Vec<String> {
     std::fs::read_dir("/proc/self/fd")
