@@ -20,6 +20,8 @@ modes are not run-to-run noise (see `overhead --concurrent`).
     python3 benches/scripts/perf_servers.py --concurrent 4000 8 baseline-sampling baseline-nospans
 """
 import collections
+import contextlib
+import os
 import concurrent.futures
 import re
 import subprocess
@@ -96,7 +98,8 @@ def main():
     together = args[:1] == ["--concurrent"]
     args = args[1:] if together else args
     rate, seconds, modes = float(args[0]), float(args[1]), args[2:]
-    with tempfile.TemporaryDirectory() as outdir:
+    keep = os.environ.get("PERF_SERVERS_KEEP")
+    with (contextlib.nullcontext(keep) if keep else tempfile.TemporaryDirectory()) as outdir:
         if together:
             results = record_concurrently(modes, rate, seconds, outdir)
         else:
@@ -113,7 +116,7 @@ def main():
         mine = sorted(((v, fn) for (_, fn), v in f.items()
                        if "spanprof" in fn and "spanprof_bench" not in fn
                        and "spanprof_workloads" not in fn), reverse=True)
-        for v, fn in mine[:8]:
+        for v, fn in mine[:int(os.environ.get("PERF_SERVERS_TOP", "8"))]:
             print(f"      {v:5.2f}  {fn[:130]}")
     _, a = results[modes[0]]
     for m in modes[1:]:
