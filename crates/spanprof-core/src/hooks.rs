@@ -77,16 +77,27 @@ pub struct InheritanceStats {
     pub overflowed: u64,
 }
 
-static INHERITED: AtomicU64 = AtomicU64::new(0);
-static LIVE: AtomicU64 = AtomicU64::new(0);
-static OVERFLOWED: AtomicU64 = AtomicU64::new(0);
+/// The counters, written at labelled spawns and terminations only (never read by a
+/// poll), on a line of their own.
+#[repr(align(64))]
+struct Counters {
+    inherited: AtomicU64,
+    live: AtomicU64,
+    overflowed: AtomicU64,
+}
+
+static COUNTERS: Counters = Counters {
+    inherited: AtomicU64::new(0),
+    live: AtomicU64::new(0),
+    overflowed: AtomicU64::new(0),
+};
 
 /// Label inheritance counters.
 pub fn inheritance_stats() -> InheritanceStats {
     InheritanceStats {
-        inherited: INHERITED.load(Ordering::Relaxed),
-        live: LIVE.load(Ordering::Relaxed),
-        overflowed: OVERFLOWED.load(Ordering::Relaxed),
+        inherited: COUNTERS.inherited.load(Ordering::Relaxed),
+        live: COUNTERS.live.load(Ordering::Relaxed),
+        overflowed: COUNTERS.overflowed.load(Ordering::Relaxed),
     }
 }
 
@@ -94,9 +105,9 @@ pub fn inheritance_stats() -> InheritanceStats {
 mod task_table {
     use std::hash::{Hash, Hasher};
     use std::ptr;
-    use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, Ordering};
 
-    use super::{INHERITED, LIVE, OVERFLOWED};
+    use super::COUNTERS;
     use crate::record::LabelRecord;
     use crate::sys::slot;
 
@@ -115,6 +126,22 @@ mod task_table {
         record: AtomicPtr::new(ptr::null_mut()),
     };
     static TABLE: [Entry; SLOTS] = [EMPTY; SLOTS];
+
+    /// Labelled tasks alive per filter slot (by the low bits of the task id): a poll
+    /// of a task whose slot counts none reads one byte of these 512 and nothing
+    /// else. Written only when a labelled task is spawned or ends, so the lines stay
+    /// in every worker's cache while no labelled task runs. A slot that reached 255
+    /// stays there (the table is still asked; nothing is wrong, only slower).
+    #[repr(align(64))]
+    struct Filter([AtomicU8; FILTER_SLOTS]);
+
+    const FILTER_SLOTS: usize = 512;
+
+    static FILTER: Filter = Filter([const { AtomicU8::new(0) }; FILTER_SLOTS]);
+
+    fn filter_slot(key: u64) -> &'static AtomicU8 {
+        &FILTER.0[key as usize % FILTER_SLOTS]
+    }
 
     /// tokio's task id as the `u64` its `Hash` impl writes.
     fn key(id: tokio::task::Id) -> u64 {
@@ -154,12 +181,17 @@ mod task_table {
                 .is_ok()
             {
                 e.record.store(record.cast_mut(), Ordering::Release);
-                LIVE.fetch_add(1, Ordering::Relaxed);
-                INHERITED.fetch_add(1, Ordering::Relaxed);
+                // Counted in the filter once findable in the table.
+                let f = filter_slot(k);
+                let _ = f.fetch_update(Ordering::Release, Ordering::Relaxed, |n| {
+                    (n != u8::MAX).then(|| n + 1)
+                });
+                COUNTERS.live.fetch_add(1, Ordering::Relaxed);
+                COUNTERS.inherited.fetch_add(1, Ordering::Relaxed);
                 return;
             }
         }
-        OVERFLOWED.fetch_add(1, Ordering::Relaxed);
+        COUNTERS.overflowed.fetch_add(1, Ordering::Relaxed);
         slot::release_raw(record);
     }
 
@@ -167,16 +199,33 @@ mod task_table {
         slots(k).find(|e| e.key.load(Ordering::Acquire) == k)
     }
 
+    /// The record of labelled task `k`, if it is one: this thread's recent ones
+    /// first, then (if the filter counts a labelled task in its slot) the table.
+    #[inline]
+    fn record_of(k: u64) -> *const LabelRecord {
+        // The labelled tasks this thread polled last: a labelled task polled again on
+        // the same worker is found there, not in the table. An entry of a task that
+        // has ended is never matched again (task ids are never reused), and its
+        // record is never read through it.
+        let (key, cached) = slot::recent_task(k);
+        if key == k {
+            return cached;
+        }
+        if filter_slot(k).load(Ordering::Acquire) == 0 {
+            return ptr::null();
+        }
+        let Some(record) = find(k).map(|e| e.record.load(Ordering::Acquire).cast_const()) else {
+            return ptr::null();
+        };
+        if !record.is_null() {
+            slot::set_recent_task(k, record);
+        }
+        record
+    }
+
     pub(super) fn on_before_poll(meta: &tokio::runtime::TaskMeta<'_>) {
         let k = key(meta.id());
-        let record = if LIVE.load(Ordering::Relaxed) == 0 {
-            ptr::null()
-        } else {
-            find(k).map_or(ptr::null(), |e| {
-                e.record.load(Ordering::Acquire).cast_const()
-            })
-        };
-        slot::hook_push(record, k, crate::poll::entered);
+        slot::hook_push(record_of(k), k, crate::poll::entered);
     }
 
     pub(super) fn on_after_poll(_meta: &tokio::runtime::TaskMeta<'_>) {
@@ -184,14 +233,18 @@ mod task_table {
     }
 
     pub(super) fn on_terminate(meta: &tokio::runtime::TaskMeta<'_>) {
-        if LIVE.load(Ordering::Relaxed) == 0 {
+        let k = key(meta.id());
+        if filter_slot(k).load(Ordering::Acquire) == 0 {
             return;
         }
-        let k = key(meta.id());
         if let Some(e) = find(k) {
             let record = e.record.swap(ptr::null_mut(), Ordering::AcqRel);
             e.key.store(0, Ordering::Release);
-            LIVE.fetch_sub(1, Ordering::Relaxed);
+            let _ = filter_slot(k).fetch_update(Ordering::Release, Ordering::Relaxed, |n| {
+                (n != u8::MAX && n != 0).then(|| n - 1)
+            });
+            slot::forget_recent_task(k);
+            COUNTERS.live.fetch_sub(1, Ordering::Relaxed);
             // Inside the task's final poll the slot still points at the record:
             // the release waits for the after-poll hook.
             slot::hook_release(record, k);

@@ -3,7 +3,7 @@
 //! Samples carry 32-bit ids instead of strings, so the signal handler copies
 //! integers only. Interning happens when labels are built (off the poll path).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, RwLock};
 
@@ -61,6 +61,7 @@ impl NameId {
     /// use spanprof_core::NameId;
     /// assert_eq!(NameId::intern_static("validate_order"), NameId::intern("validate_order"));
     /// ```
+    #[inline]
     pub fn intern_static(name: &'static str) -> NameId {
         intern_static(name)
     }
@@ -269,8 +270,36 @@ thread_local! {
     static STATIC_IDS: RefCell<FastMap<(usize, usize), NameId>> = RefCell::new(FastMap::default());
 }
 
+/// Places of the direct-mapped cache in front of [`STATIC_IDS`].
+const STATIC_RECENT_LEN: usize = 64;
+
+thread_local! {
+    /// The last `'static` names this thread asked for, by a hash of their address
+    /// (address, length, id): const-initialised, so a hit is one thread-local line,
+    /// where the map costs a hash, a lazy thread-local and a borrow.
+    static STATIC_RECENT: [Cell<(usize, usize, u32)>; STATIC_RECENT_LEN] =
+        const { [const { Cell::new((0, 0, 0)) }; STATIC_RECENT_LEN] };
+}
+
+#[inline]
 pub(crate) fn intern_static(s: &'static str) -> NameId {
     let key = (s.as_ptr() as usize, s.len());
+    let at = (key.0 ^ (key.0 >> 6) ^ key.1) % STATIC_RECENT_LEN;
+    if let Ok(Some(id)) = STATIC_RECENT.try_with(|r| {
+        let (addr, len, id) = r[at].get();
+        (addr == key.0 && len == key.1).then_some(NameId(id))
+    }) {
+        return id;
+    }
+    let id = intern_static_slow(s, key);
+    if id != NameId::OVERFLOW {
+        let _ = STATIC_RECENT.try_with(|r| r[at].set((key.0, key.1, id.0)));
+    }
+    id
+}
+
+#[cold]
+fn intern_static_slow(s: &'static str, key: (usize, usize)) -> NameId {
     STATIC_IDS
         .try_with(|ids| {
             if let Some(&id) = ids.borrow().get(&key) {

@@ -65,6 +65,7 @@ impl Drop for SpanLabels {
 /// Ends the span of `record`. Hot work ending on this thread pauses the thread's high
 /// rate (its perf event keeps the rest of the interval for the next hot push) unless
 /// the work it is polling is hot too (`sys::on_hot_end`).
+#[inline]
 fn end(record: &LabelRecord) {
     if record.end() {
         crate::threads::on_hot_end();
@@ -73,6 +74,7 @@ fn end(record: &LabelRecord) {
 
 impl SpanLabels {
     /// A new owning handle to `record`.
+    #[inline]
     pub(crate) fn owning(record: RecordRef) -> SpanLabels {
         record.owners.fetch_add(1, Ordering::Relaxed);
         SpanLabels {
@@ -81,7 +83,41 @@ impl SpanLabels {
         }
     }
 
+    /// The owning handle of a record built with one owner counted already.
+    #[inline]
+    fn owned(record: RecordRef) -> SpanLabels {
+        SpanLabels {
+            record,
+            owner: true,
+        }
+    }
+
+    /// Gives up this handle as its record and whether it owns the span, without
+    /// touching the counts (the span map keeps it so; [`SpanLabels::from_parts`]
+    /// makes the handle again).
+    #[inline]
+    pub(crate) fn into_parts(mut self) -> (RecordRef, bool) {
+        // Dropped as a non-owner, the handle leaves the owner count alone.
+        let owner = std::mem::replace(&mut self.owner, false);
+        (self.record.clone(), owner)
+    }
+
+    /// A handle again from [`SpanLabels::into_parts`].
+    #[inline]
+    pub(crate) fn from_parts(record: RecordRef, owner: bool) -> SpanLabels {
+        SpanLabels { record, owner }
+    }
+
+    /// The integration's word kept with the labels
+    /// ([`SpanLabelsBuilder::anchor`]; 0 when unset).
+    #[doc(hidden)]
+    #[inline]
+    pub fn anchor(&self) -> u64 {
+        self.record.anchor
+    }
+
     /// A handle to `record` that carries the labels without keeping the span alive.
+    #[inline]
     pub(crate) fn carrying(record: RecordRef) -> SpanLabels {
         SpanLabels {
             record,
@@ -92,6 +128,7 @@ impl SpanLabels {
     /// Ends the span now, whatever handles are left: from now on work still running
     /// under these labels is sampled as detached (see the type's documentation).
     /// Dropping the last handle does the same.
+    #[inline]
     pub fn end(&self) {
         end(&self.record);
     }
@@ -110,31 +147,37 @@ impl SpanLabels {
     }
 
     /// Whether the span has ended.
+    #[inline]
     pub fn is_ended(&self) -> bool {
         self.record.state.load(Ordering::Acquire) & ENDED != 0
     }
 
     /// Starts building labels.
+    #[inline]
     pub fn builder() -> SpanLabelsBuilder {
         SpanLabelsBuilder::default()
     }
 
     /// The 128-bit trace id (0 when the work has no trace).
+    #[inline]
     pub fn trace_id(&self) -> u128 {
         self.record.ids.trace_id
     }
 
     /// The 64-bit span id.
+    #[inline]
     pub fn span_id(&self) -> u64 {
         self.record.ids.span_id
     }
 
     /// The parent span id (0 for a root).
+    #[inline]
     pub fn parent_span_id(&self) -> u64 {
         self.record.ids.parent_span_id
     }
 
     /// The local-root span id.
+    #[inline]
     pub fn root_span_id(&self) -> u64 {
         self.record.ids.root_span_id
     }
@@ -160,6 +203,7 @@ impl SpanLabels {
     }
 
     /// Whether, and why, the work is profiled at the high rate.
+    #[inline]
     pub fn hotness(&self) -> Hotness {
         Hotness::from_u8(self.record.state.load(Ordering::Relaxed) & HOT_BITS)
     }
@@ -168,17 +212,20 @@ impl SpanLabels {
     /// slow threshold). Takes effect at the next poll on any thread and, for work stuck in
     /// one long poll, at the next baseline sample of the thread running it. Never lowers,
     /// and does nothing once the span has ended.
+    #[inline]
     pub fn promote(&self, why: Hotness) {
         self.record.promote(why);
     }
 
     /// Samples taken so far while these labels were active (exact count); for a local
     /// root, also those of the inner spans made from it with [`SpanLabels::child`] or [`SpanLabels::child_named`].
+    #[inline]
     pub fn cpu_samples(&self) -> u64 {
         self.record.cpu_samples.load(Ordering::Relaxed)
     }
 
     /// Weighted CPU estimate of those samples, in nanoseconds.
+    #[inline]
     pub fn cpu_ns(&self) -> u64 {
         self.record.cpu_ns.load(Ordering::Relaxed)
     }
@@ -193,6 +240,18 @@ impl SpanLabels {
     /// [`SpanLabels::child`] with the name interned already ([`NameId::intern_static`]
     /// for a `tracing` span's name).
     pub fn child_named(&self, span_id: u64, span_name: NameId) -> SpanLabels {
+        self.child_with(span_id, span_name, |b| b)
+    }
+
+    /// [`SpanLabels::child_named`], with more set on the child's builder
+    /// (`spanprof-tower`: the anchor, and the first-sample report).
+    #[doc(hidden)]
+    pub fn child_with(
+        &self,
+        span_id: u64,
+        span_name: NameId,
+        more: impl FnOnce(SpanLabelsBuilder) -> SpanLabelsBuilder,
+    ) -> SpanLabels {
         let mut b = SpanLabels::builder()
             .trace_id(self.record.ids.trace_id)
             .span_id(span_id)
@@ -208,7 +267,7 @@ impl SpanLabels {
             Some(root) => root.clone(),
             None => self.record.clone(),
         });
-        let child = b.build();
+        let child = more(b).build();
         if self.is_ended() {
             child.end();
         }
@@ -220,6 +279,7 @@ impl SpanLabels {
     /// the thread that pops them next. What `spanprof-tower` asks for the spans whose
     /// attributes its span processor writes; call it before the labels are first
     /// pushed.
+    #[inline]
     pub fn report_first_sample(&self) {
         self.record
             .flags
@@ -267,6 +327,8 @@ pub struct SpanLabelsBuilder {
     high_ns: u64,
     root: Option<RecordRef>,
     trace_flags: u8,
+    anchor: u64,
+    report: bool,
 }
 
 impl fmt::Debug for SpanLabelsBuilder {
@@ -281,6 +343,7 @@ impl fmt::Debug for SpanLabelsBuilder {
 impl SpanLabelsBuilder {
     /// Promotes the work to the high rate (`Hotness::Slow`) once it has run for
     /// `after` from now, even in the middle of a poll (the signal handler checks).
+    #[inline]
     pub fn slow_after(mut self, after: std::time::Duration) -> Self {
         self.slow_deadline_ns = crate::sys::monotonic_now_ns()
             .saturating_add(u64::try_from(after.as_nanos()).unwrap_or(u64::MAX));
@@ -289,6 +352,7 @@ impl SpanLabelsBuilder {
 
     /// Samples this work at `hz` while it is hot, instead of the profiler's high rate.
     /// Capped by what the mechanism can deliver; 0 means the profiler's rate.
+    #[inline]
     pub fn high_rate_hz(mut self, hz: u32) -> Self {
         self.high_ns = if hz == 0 {
             0
@@ -299,12 +363,14 @@ impl SpanLabelsBuilder {
     }
 
     /// Sets the 128-bit trace id.
+    #[inline]
     pub fn trace_id(mut self, id: u128) -> Self {
         self.trace_id = id;
         self
     }
 
     /// Sets the 64-bit span id.
+    #[inline]
     pub fn span_id(mut self, id: u64) -> Self {
         self.span_id = id;
         self
@@ -312,18 +378,21 @@ impl SpanLabelsBuilder {
 
     /// Sets the W3C trace flags of the span (bit 0: sampled). Defaults to 0. Published
     /// to outside profilers with the feature `otel-thread-ctx`.
+    #[inline]
     pub fn trace_flags(mut self, flags: u8) -> Self {
         self.trace_flags = flags;
         self
     }
 
     /// Sets the parent span id (0 for none).
+    #[inline]
     pub fn parent_span_id(mut self, id: u64) -> Self {
         self.parent_span_id = id;
         self
     }
 
     /// Sets the local-root span id. Defaults to the span id.
+    #[inline]
     pub fn root_span_id(mut self, id: u64) -> Self {
         self.root_span_id = Some(id);
         self
@@ -344,30 +413,51 @@ impl SpanLabelsBuilder {
     }
 
     /// Sets the span name interned before ([`NameId::intern`]): no interner lookup.
+    #[inline]
     pub fn span_name_id(mut self, name: NameId) -> Self {
         self.span_name = Some(name);
         self
     }
 
     /// Sets the route interned before ([`NameId::intern`]): no interner lookup.
+    #[inline]
     pub fn route_id(mut self, route: NameId) -> Self {
         self.route = Some(route);
         self
     }
 
     /// Sets whether the work starts hot.
+    #[inline]
     pub fn hot(mut self, hot: Hotness) -> Self {
         self.hot = hot;
         self
     }
 
+    /// Keeps an integration's word with the labels ([`SpanLabels::anchor`]).
+    #[doc(hidden)]
+    #[inline]
+    pub fn anchor(mut self, anchor: u64) -> Self {
+        self.anchor = anchor;
+        self
+    }
+
+    /// [`SpanLabels::report_first_sample`], set as the labels are built (no atomic
+    /// write to the record afterwards).
+    #[inline]
+    pub fn report_first_sample(mut self, report: bool) -> Self {
+        self.report = report;
+        self
+    }
+
     /// Builds the labels: one record from the pool (allocated only when the pool has
     /// none free).
+    #[inline]
     pub fn build(self) -> SpanLabels {
         let span_name = self.span_name.unwrap_or(NameId::NONE);
         let route = self.route.unwrap_or(NameId::NONE);
         let root_span_id = self.root_span_id.unwrap_or(self.span_id);
-        SpanLabels::owning(RecordRef::new(LabelRecord {
+        // The one owner is this handle (`owners` starts at 1: no atomic add).
+        SpanLabels::owned(RecordRef::new(LabelRecord {
             // The local root's ids, and the name of the span itself (docs/design.md,
             // "OpenTelemetry's thread context").
             #[cfg(spanprof_otel_ctx)]
@@ -389,16 +479,21 @@ impl SpanLabelsBuilder {
                 route,
             },
             state: AtomicU8::new(self.hot as u8),
-            owners: AtomicUsize::new(0),
+            owners: AtomicUsize::new(1),
             cpu_samples: AtomicU64::new(0),
             cpu_ns: AtomicU64::new(0),
             root: self.root,
             slow_deadline_ns: self.slow_deadline_ns,
             high_ns: self.high_ns,
+            anchor: self.anchor,
             busy_ns: AtomicU64::new(0),
             polls: AtomicU64::new(0),
             max_poll_ns: AtomicU64::new(0),
-            flags: AtomicU8::new(0),
+            flags: AtomicU8::new(if self.report {
+                crate::record::REPORT
+            } else {
+                0
+            }),
             refs: AtomicUsize::new(0),
             trace_flags: self.trace_flags,
         }))
@@ -412,6 +507,13 @@ pub fn labels_active() -> bool {
     !sys::slot::current_ptr().is_null()
 }
 
+/// The span id of the labels active on this thread right now, if any: the cheap form
+/// of `current_labels().map(|l| l.span_id())` (no handle, so no count written).
+#[inline]
+pub fn current_span_id() -> Option<u64> {
+    sys::slot::with_current(|r| r.ids.span_id)
+}
+
 /// The labels active on this thread right now, if any (a new handle to them).
 ///
 /// This is how work handed to another thread keeps its labels: capture here,
@@ -419,6 +521,7 @@ pub fn labels_active() -> bool {
 /// do exactly that). The handle carries the labels without keeping their span alive:
 /// when the span ends, work still running under them is sampled as detached (see
 /// [`SpanLabels`]).
+#[inline]
 pub fn current_labels() -> Option<SpanLabels> {
     sys::slot::current().map(SpanLabels::carrying)
 }

@@ -12,6 +12,7 @@ mod future;
 mod hooks;
 mod intern;
 mod labels;
+mod line;
 #[cfg(feature = "otel-thread-ctx")]
 mod otel_ctx;
 mod poll;
@@ -23,6 +24,8 @@ mod sampler;
 pub mod scope;
 mod service;
 pub mod setup;
+#[doc(hidden)]
+pub mod span_map;
 mod store;
 mod symbolize;
 mod sys;
@@ -40,7 +43,7 @@ pub use intern::{
     DEFAULT_MAX_NAMES, DETACHED_SPAN_NAME, InternStats, MAX_NAME_LEN, NameId, OVERFLOW_NAME,
     intern_stats, set_max_names,
 };
-pub use labels::{SpanLabels, SpanLabelsBuilder, current_labels, labels_active};
+pub use labels::{SpanLabels, SpanLabelsBuilder, current_labels, current_span_id, labels_active};
 #[cfg(feature = "otel-thread-ctx")]
 pub use otel_ctx::{ATTRIBUTE_KEYS, ProcessContext, SCHEMA_VERSION, set_process_context_resource};
 pub use poll::{LabelGuard, PollStats, PollTimer};

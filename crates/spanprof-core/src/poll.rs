@@ -19,9 +19,11 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::labels::SpanLabels;
+use crate::line::OwnLine;
 use crate::profile::Hotness;
 use crate::record::LabelRecord;
 use crate::sys;
+use crate::sys::pool::RecordRef;
 
 /// Exact poll accounting of one span: time inside polls, number of polls, longest
 /// poll. Kept by the poller (no sampling involved) and published on the labels.
@@ -51,6 +53,7 @@ impl PollStats {
 /// not the other way round.
 impl SpanLabels {
     /// Publishes the poll accounting of this span (replacing what was there).
+    #[inline]
     pub fn publish_poll_stats(&self, stats: PollStats) {
         self.record.busy_ns.store(stats.busy_ns, Ordering::Relaxed);
         self.record.polls.store(stats.polls, Ordering::Relaxed);
@@ -60,6 +63,7 @@ impl SpanLabels {
     }
 
     /// The poll accounting last published.
+    #[inline]
     pub fn poll_stats(&self) -> PollStats {
         PollStats {
             busy_ns: self.record.busy_ns.load(Ordering::Relaxed),
@@ -73,9 +77,7 @@ impl SpanLabels {
     /// a reference to the labels, so they outlive the push) until the matching
     /// [`SpanLabels::exit_detached`] on the same thread.
     pub fn enter_detached(&self) {
-        if crate::sys::slot::push_detached(&self.record) {
-            entered(&self.record);
-        }
+        crate::sys::slot::push_span(self.record.clone(), 0, || 0, entered);
     }
 
     /// Pops labels pushed by [`SpanLabels::enter_detached`]. Returns false (and leaves
@@ -150,9 +152,27 @@ pub(crate) fn entered(rec: &LabelRecord) {
     crate::threads::ensure_thread_registered();
 }
 
+/// Pushes `record`, the labels of the span with id `span` (the span map's enter):
+/// until [`exit_span`] of the same span on this thread, the outermost such push
+/// timed as one poll of the span. Returns whether it was pushed.
+#[inline]
+pub(crate) fn enter_span(record: RecordRef, span: u64) -> bool {
+    crate::sys::slot::push_span(record, span, || CLOCK.raw(), entered).is_some()
+}
+
+/// Pops the newest push of span `span` on this thread ([`enter_span`]); at the
+/// outermost one, adds the poll to the span's figures. Returns whether there was such
+/// a push.
+#[inline]
+pub(crate) fn exit_span(span: u64) -> bool {
+    crate::sys::slot::pop_span(span, |record, entered_at| {
+        record.account_poll(CLOCK.delta_as_nanos(entered_at, CLOCK.raw()));
+    })
+}
+
 /// The clock of poll accounting: the TSC through quanta (a few ns a read, where
 /// `Instant::now()` costs ~23 ns on these machines; docs/design.md).
-static CLOCK: LazyLock<quanta::Clock> = LazyLock::new(quanta::Clock::new);
+static CLOCK: OwnLine<LazyLock<quanta::Clock>> = OwnLine(LazyLock::new(quanta::Clock::new));
 
 /// A span's poll accounting and slow promotion, kept by whoever polls its work: each
 /// poll runs with the labels pushed and is timed into [`PollStats`]; work still cold
@@ -188,6 +208,7 @@ pub struct PollTimer {
 impl PollTimer {
     /// Starts the clock of a span's work: it is promoted to [`Hotness::Slow`] at its
     /// first poll after `slow_after` (never with `None`).
+    #[inline]
     pub fn new(slow_after: Option<Duration>) -> Self {
         PollTimer {
             stats: PollStats::default(),
@@ -201,7 +222,7 @@ impl PollTimer {
     /// Calibrates the clock now (quanta spins for milliseconds on first use), so the
     /// first request does not pay for it. Layers call it when they are built.
     pub fn calibrate() {
-        LazyLock::force(&CLOCK);
+        LazyLock::force(&CLOCK.0);
     }
 
     /// Runs one poll (`f`) with `labels` pushed, promoting them first if the work has

@@ -101,6 +101,9 @@ pub(crate) struct LabelRecord {
     pub(crate) slow_deadline_ns: u64,
     /// High sampling period for this work in ns (0: the profiler's).
     pub(crate) high_ns: u64,
+    /// An integration's word kept with the labels (`spanprof-tower`: the span id
+    /// whose OpenTelemetry context is attached while this span is entered).
+    pub(crate) anchor: u64,
     /// Poll accounting published by whoever polls this work ([`crate::PollStats`]).
     pub(crate) busy_ns: AtomicU64,
     pub(crate) polls: AtomicU64,
@@ -150,6 +153,17 @@ impl LabelRecord {
         self.state
             .fetch_max(why as u8, Ordering::Relaxed)
             .max(why as u8)
+    }
+
+    /// Adds one poll of `ns` nanoseconds to the figures (polls of one span may run
+    /// on several threads at once: a span entered by tasks it was handed to).
+    #[inline]
+    pub(crate) fn account_poll(&self, ns: u64) {
+        self.busy_ns.fetch_add(ns, Ordering::Relaxed);
+        self.polls.fetch_add(1, Ordering::Relaxed);
+        if ns > self.max_poll_ns.load(Ordering::Relaxed) {
+            self.max_poll_ns.fetch_max(ns, Ordering::Relaxed);
+        }
     }
 
     /// Marks the span ended (idempotent). Returns whether this call ended hot work

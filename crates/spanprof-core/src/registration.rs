@@ -33,9 +33,15 @@ pub fn on_first_sample(hook: fn(&SpanLabels)) -> bool {
 /// when nothing did.
 #[inline(always)]
 pub(crate) fn after_pop(rec: &LabelRecord) {
-    if rec.flags.load(Ordering::Relaxed) & (SAMPLED | HANDLED) == SAMPLED {
+    if needs_hand_over(rec) {
         hand_over(rec);
     }
+}
+
+/// Whether a pop of `rec` has a span to hand over: a sample landed in it since.
+#[inline(always)]
+pub(crate) fn needs_hand_over(rec: &LabelRecord) -> bool {
+    rec.flags.load(Ordering::Relaxed) & (SAMPLED | HANDLED) == SAMPLED
 }
 
 /// Hands `rec`'s span (and its local root's, sampled through it) to the hook, once

@@ -88,10 +88,11 @@ pub fn enter_unprofiled_span(id: u64, meta: &'static tracing::Metadata<'static>)
     crate::sys::slot::enter_outer_span(id, meta);
 }
 
-/// Undoes [`enter_unprofiled_span`] as span `id` is exited.
+/// Undoes [`enter_unprofiled_span`] as span `id` is exited. Returns whether span
+/// `id` was the innermost such span on this thread.
 #[inline]
-pub fn exit_unprofiled_span(id: u64) {
-    crate::sys::slot::exit_outer_span(id);
+pub fn exit_unprofiled_span(id: u64) -> bool {
+    crate::sys::slot::exit_outer_span(id)
 }
 
 /// Logs, once per process, that `samples` CPU samples landed unlabelled under spans

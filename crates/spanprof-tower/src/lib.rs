@@ -2,7 +2,6 @@
 #![forbid(unsafe_code)]
 
 mod export_watch;
-mod inner_spans;
 mod layer;
 mod otel_context;
 mod policy;

@@ -39,7 +39,11 @@ the request spans ProfileCorrelationLayer runs in.";
 /// Whether OpenTelemetry's attached context has been found to be the current span's,
 /// for one site that looks it up (the request span in the tower layer, inner spans
 /// in `SpanProfileLayer`: the layer order matters to the second only).
+///
+/// Alone on its cache line: it is read on every request and inner span, and the
+/// linker would otherwise pack it beside statics that something writes.
 #[derive(Debug)]
+#[repr(align(64))]
 pub(crate) struct AttachedContext {
     /// Lookups still to compare; 0: the attached context is trusted; `REFUSED`: it
     /// is not, every lookup asks `tracing-opentelemetry`.
@@ -72,6 +76,7 @@ impl SpanIds {
     /// The ids of a valid span context of this process: a remote span context is a
     /// caller's (`tracing-opentelemetry` with no tracer gives a span its parent's
     /// context, which may be one), never a span of this process.
+    #[inline]
     pub(crate) fn of(sc: &SpanContext) -> Option<SpanIds> {
         (sc.is_valid() && !sc.is_remote()).then(|| SpanIds {
             trace_id: u128::from_be_bytes(sc.trace_id().to_bytes()),
@@ -92,6 +97,7 @@ impl SpanIds {
 
 /// The ids of OpenTelemetry's current (attached) context's span, if one of this
 /// process.
+#[inline]
 fn attached() -> Option<SpanIds> {
     opentelemetry::Context::map_current(|cx| SpanIds::of(cx.span().span_context()))
 }
@@ -111,6 +117,7 @@ impl AttachedContext {
     /// attached context of that span is the enclosing span's, left attached because
     /// `tracing-opentelemetry` does not see the current span (a filter of its own),
     /// so `exact` is asked.
+    #[inline]
     pub(crate) fn current_span_ids(
         &self,
         enclosing: Option<u64>,
@@ -160,6 +167,7 @@ impl AttachedContext {
 /// fewer than [`RECHECK_EVERY`] lookups of a thread before it is found. A count per
 /// site, or a fixed mix of request and inner-span lookups could have every re-check
 /// land on the other site's. Thread-local counts: nothing shared is written.
+#[inline]
 fn recheck_due(site: LookupSite) -> bool {
     thread_local! {
         static LOOKUPS: [std::cell::Cell<u32>; 2] = const {

@@ -112,6 +112,7 @@ impl RoutePolicy {
 
     /// The decision for a request: hot (`Sampled`) if the trace is sampled and the
     /// route's rate picks the trace id.
+    #[inline]
     pub(crate) fn decide(&self, trace_id: u128, trace_sampled: bool) -> Hotness {
         if trace_sampled && rate_picks(trace_id, self.sample_rate) {
             Hotness::Sampled
@@ -215,6 +216,7 @@ impl Policies {
     }
 
     /// The policy for a request, `None` if the route is disabled.
+    #[inline]
     pub(crate) fn lookup(&self, method: &str, route: &str) -> Option<&RoutePolicy> {
         if self
             .disabled

@@ -167,7 +167,7 @@ impl<P: SpanProcessor> SpanProcessor for SpanProfileProcessor<P> {
     fn on_end(&self, mut span: SpanData) {
         if self.deferred {
             registry::end(span_id(&span));
-        } else if let Some(figures) = registry::take(span_id(&span)) {
+        } else if let Some(figures) = registry::take_live(span_id(&span)) {
             write_attributes(&mut span, figures);
         }
         self.next.on_end(span);

@@ -221,6 +221,9 @@ fn remove(span_id: u64) -> Option<State> {
             place.id.store(0, Ordering::Relaxed);
             held_in_bucket_of(home(span_id)).fetch_sub(1, Ordering::Release);
             let state = std::mem::replace(&mut held.state, State::Empty);
+            if matches!(state, State::Live(_)) {
+                count_live(span_id, 0);
+            }
             #[cfg(test)]
             tests::under_lock();
             drop(held);
@@ -231,9 +234,58 @@ fn remove(span_id: u64) -> Option<State> {
     first
 }
 
-static ENABLED: AtomicBool = AtomicBool::new(false);
+/// The registry's settings and its filter of live tracked spans: one line, read on
+/// every request and at every span's end. Nothing on the request path writes it but
+/// the tracking of a sampled or hot span (a few in a hundred requests).
+#[repr(align(64))]
+struct Settings {
+    enabled: AtomicBool,
+    every_span: AtomicBool,
+    /// Live tracked spans by a hash of their id (a count per slot, stuck at 255 once
+    /// there): a span's end asks here first, and only a span whose slot counts one
+    /// looks in the table, on a line of its bucket (a random line of 1 MiB). Only
+    /// spans a sample landed in, or hot ones, are tracked: almost every span ends
+    /// with its slot at 0.
+    live: [AtomicU8; FILTER_SLOTS],
+}
+
+const FILTER_SLOTS: usize = 62;
+
+static SETTINGS: Settings = Settings {
+    enabled: AtomicBool::new(false),
+    every_span: AtomicBool::new(false),
+    live: [const { AtomicU8::new(0) }; FILTER_SLOTS],
+};
+
+const _: () = assert!(std::mem::size_of::<Settings>() == 64);
+
 static EVICTED: AtomicU64 = AtomicU64::new(0);
-static EVERY_SPAN: AtomicBool = AtomicBool::new(false);
+
+#[inline]
+fn live_slot(span_id: u64) -> &'static AtomicU8 {
+    &SETTINGS.live[(span_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % FILTER_SLOTS]
+}
+
+/// Whether a span of this id may be live and tracked (no: certainly not).
+#[inline]
+fn maybe_live(span_id: u64) -> bool {
+    live_slot(span_id).load(Ordering::Acquire) != 0
+}
+
+/// Counts what a place holds now against what it held: `was` and `now` are the ids
+/// of live spans (0 for none).
+fn count_live(was: u64, now: u64) {
+    if now != 0 {
+        let _ = live_slot(now).fetch_update(Ordering::Release, Ordering::Relaxed, |n| {
+            (n != u8::MAX).then(|| n + 1)
+        });
+    }
+    if was != 0 {
+        let _ = live_slot(was).fetch_update(Ordering::Release, Ordering::Relaxed, |n| {
+            (n != u8::MAX && n != 0).then(|| n - 1)
+        });
+    }
+}
 
 /// Turns tracking on (a [`crate::SpanProfileProcessor`] exists to consume it), and
 /// allocates the table here, on the thread that sets the service up, rather than
@@ -241,18 +293,19 @@ static EVERY_SPAN: AtomicBool = AtomicBool::new(false);
 /// them (the core calls [`track`] then); with [`track_every_span`], at their start.
 pub(crate) fn enable() {
     LazyLock::force(&TABLE);
-    ENABLED.store(true, Ordering::Relaxed);
+    SETTINGS.enabled.store(true, Ordering::Relaxed);
     spanprof_core::on_first_sample(track);
 }
 
+#[inline]
 pub(crate) fn enabled() -> bool {
-    ENABLED.load(Ordering::Relaxed)
+    SETTINGS.enabled.load(Ordering::Relaxed)
 }
 
 /// Tracks every sampled trace's span from its start (not only spans that receive a
 /// sample): `SpanProfileProcessor::figures_on_every_span`.
 pub(crate) fn track_every_span() {
-    EVERY_SPAN.store(true, Ordering::Relaxed);
+    SETTINGS.every_span.store(true, Ordering::Relaxed);
 }
 
 /// Whether a span starting now is tracked at once: every span (see
@@ -260,7 +313,7 @@ pub(crate) fn track_every_span() {
 /// tracked when their first sample lands.
 #[inline]
 pub(crate) fn track_at_start(hot: Hotness) -> bool {
-    hot != Hotness::Cold || EVERY_SPAN.load(Ordering::Relaxed)
+    hot != Hotness::Cold || SETTINGS.every_span.load(Ordering::Relaxed)
 }
 
 /// Remembers `labels` under its span id until the span ends: in the first empty
@@ -306,10 +359,20 @@ pub(crate) fn track(labels: &SpanLabels) {
 
 /// Puts `labels` in `place` (locked: `held`) and returns what it held, unlocked.
 fn put(place: PlaceRef, mut held: MutexGuard<'_, Held>, labels: &SpanLabels, epoch: u32) -> Held {
-    if place.id.load(Ordering::Relaxed) == 0 {
+    let was = place.id.load(Ordering::Relaxed);
+    if was == 0 {
         // An empty place is taken: counted before the id is there to find.
         held_in_bucket_of(home(labels.span_id())).fetch_add(1, Ordering::Release);
     }
+    // Counted live before its id is there to find, as the bucket's count.
+    count_live(
+        if matches!(held.state, State::Live(_)) {
+            was
+        } else {
+            0
+        },
+        labels.span_id(),
+    );
     place.id.store(labels.span_id(), Ordering::Relaxed);
     std::mem::replace(
         &mut *held,
@@ -318,6 +381,17 @@ fn put(place: PlaceRef, mut held: MutexGuard<'_, Held>, labels: &SpanLabels, epo
             state: State::Live(labels.clone()),
         },
     )
+}
+
+/// Takes the figures of a live span ending now (the span processor without
+/// batching), releasing its labels: nothing, at the cost of one load, for a span
+/// that was not tracked.
+#[inline]
+pub(crate) fn take_live(span_id: u64) -> Option<Figures> {
+    if !maybe_live(span_id) {
+        return None;
+    }
+    take(span_id)
 }
 
 /// Takes the figures of an ending span, releasing its labels.
@@ -392,13 +466,19 @@ fn sweep(epoch: u32) {
 
 /// Marks a span ended: keeps its figures for [`take`] on the exporting thread and
 /// releases its labels here, on the thread that ended it.
+#[inline]
 pub(crate) fn end(span_id: u64) {
+    // Almost every span was never tracked: one load answers.
+    if !maybe_live(span_id) {
+        return;
+    }
     let Some(mut held) = find(span_id) else {
         return;
     };
     let State::Live(labels) = &held.state else {
         return;
     };
+    count_live(span_id, 0);
     let figures = Figures::of(labels);
     held.epoch = EXPORTS.load(Ordering::Relaxed);
     let old = std::mem::replace(&mut held.state, State::Ended(figures));

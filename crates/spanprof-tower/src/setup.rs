@@ -223,6 +223,7 @@ impl RouteKeys {
 
     /// The first request of `route` (with its `method`): marks the keys it matches,
     /// and reports the unmatched keys that were evidently meant for it.
+    #[inline]
     pub(crate) fn observe(&self, method: &str, route: &str) {
         if self.remaining.load(Ordering::Relaxed) == 0 {
             return;

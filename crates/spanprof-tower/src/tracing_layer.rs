@@ -9,9 +9,10 @@ use spanprof_core::{NameId, PollTimer, SpanLabels};
 use tracing::Subscriber;
 use tracing::span::{Attributes, Id};
 use tracing_subscriber::layer::Context;
-use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::registry::{LookupSpan, SpanRef};
 
-use crate::inner_spans::{self, Entry};
+use spanprof_core::span_map::{self, Inserted};
+
 use crate::otel_context::{AttachedContext, LookupSite, SpanIds};
 use crate::policy::RoutePolicy;
 use crate::registry;
@@ -101,7 +102,7 @@ impl SpanProfileLayer {
         // Calibrate the clock and allocate the table of inner spans now rather than
         // in the first request's span.
         PollTimer::calibrate();
-        inner_spans::init();
+        span_map::init();
         SpanProfileLayer { roots: Vec::new() }
     }
 
@@ -126,132 +127,163 @@ impl SpanProfileLayer {
     }
 }
 
-/// The state of a span whose entry did not fit in [`inner_spans`]'s table, kept in
-/// its extensions instead.
-struct Overflowed(Entry);
+/// The state of a span whose labels did not fit in the core's span map (both of its
+/// buckets full), kept in its extensions instead: an allocation each, counted in
+/// `span_map::overflowed`.
+struct Overflowed {
+    labels: SpanLabels,
+    timer: PollTimer,
+}
+
+/// Marks, in a span's extensions, that its labels are in the core's span map. A
+/// zero-sized value costs no allocation, and the extensions are memory of the span's
+/// own that `tracing-opentelemetry` touches at every enter too: a span without it
+/// (a request's own span, entered at every poll before its labels are pushed) is
+/// known to have no labels without probing the map.
+struct InSpanMap;
+
+/// Marks a root candidate (a span [`SpanProfileLayer::profile_roots`] picks, created
+/// outside labelled work), decided at its first enter.
+struct RootCandidate;
 
 impl<S> tracing_subscriber::Layer<S> for SpanProfileLayer
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
-    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, _ctx: Context<'_, S>) {
-        if spanprof_core::labels_active() {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        // Only spans made outside labelled work can be roots; the rest is decided at
+        // their first enter, where their OpenTelemetry context is attached.
+        if self.roots.is_empty()
+            || spanprof_core::labels_active()
+            || self.root_of(attrs.metadata()).is_none()
+        {
             return;
         }
-        // Made outside labelled work: its callsite remembered on this thread, where
-        // the metadata comes free, for when it is entered unprofiled (a request's
-        // span, entered at every poll before its labels are pushed, is not looked up).
-        created_outside::remember(id.into_u64(), attrs.metadata());
-        // A root candidate: decided at its first enter, where its OpenTelemetry
-        // context is attached.
-        if let Some(k) = self
-            .roots
-            .iter()
-            .position(|(s, _)| s.matches(attrs.metadata()))
-        {
-            root_candidates::add(id.into_u64(), k);
+        if let Some(span) = ctx.span(id) {
+            span.extensions_mut().insert(RootCandidate);
         }
     }
 
-    fn on_close(&self, id: Id, _ctx: Context<'_, S>) {
+    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
         // Its labels end here (an overflowed entry goes with the span's extensions).
-        drop(inner_spans::remove(id.into_u64()));
-        root_candidates::take(id.into_u64());
+        if ctx
+            .span(&id)
+            .is_some_and(|span| span.extensions().get::<InSpanMap>().is_some())
+        {
+            drop(span_map::remove(id.into_u64()));
+        }
     }
 
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
-        // A span with labels of its own: one probe of the table (one cache line).
-        if inner_spans::with(id.into_u64(), |e| e.timer.enter(&e.labels)).is_some()
-            || with_overflowed(&ctx, id, |e| e.timer.enter(&e.labels)).is_some()
-        {
-            return;
-        }
+        let Some(span) = ctx.span(id) else { return };
+        let candidate = {
+            let mut ext = span.extensions_mut();
+            // A span with labels of its own: pushed from the span map.
+            if ext.get_mut::<InSpanMap>().is_some() {
+                drop(ext);
+                span_map::enter(id.into_u64());
+                return;
+            }
+            if let Some(e) = ext.get_mut::<Overflowed>() {
+                e.timer.enter(&e.labels);
+                return;
+            }
+            ext.get_mut::<RootCandidate>().is_some()
+        };
         // Entered outside labelled work (a request's own span is entered at every
         // poll, before its labels are pushed): nothing to decide, but samples under
         // it are counted, so that CPU-heavy work nothing profiles is reported.
         if !spanprof_core::labels_active() {
-            if let Some(k) = root_candidates::take(id.into_u64()) {
-                let entry = root(id, ctx.span(id).map_or("", |s| s.name()), &self.roots[k].1);
-                if let Err(entry) =
-                    inner_spans::insert(id.into_u64(), entry, |e| e.timer.enter(&e.labels))
-                    && let Some(span) = ctx.span(id)
-                {
-                    let mut ext = span.extensions_mut();
-                    if ext.get_mut::<Overflowed>().is_none() {
-                        ext.insert(Overflowed(entry));
-                    }
-                    if let Some(Overflowed(e)) = ext.get_mut::<Overflowed>() {
-                        e.timer.enter(&e.labels);
-                    }
+            if candidate {
+                span.extensions_mut().remove::<RootCandidate>();
+                if let Some(policy) = self.root_of(span.metadata()) {
+                    let labels = root(id, span.name(), policy);
+                    store_and_enter(&span, id, labels);
+                    return;
                 }
-                return;
             }
-            let meta = created_outside::metadata(id.into_u64()).or_else(|| ctx.metadata(id));
-            if let Some(meta) = meta {
-                spanprof_core::setup::enter_unprofiled_span(id.into_u64(), meta);
-            }
+            spanprof_core::setup::enter_unprofiled_span(id.into_u64(), span.metadata());
             return;
         }
-        let Some(span) = ctx.span(id) else { return };
-        // The nearest span tracing-opentelemetry sees, as the parent span knows it (a
-        // request span's is its labels' own).
-        let anchor = span.parent().and_then(|parent| {
-            inner_spans::with(parent.id().into_u64(), |e| e.otel_anchor)
-                .or_else(|| with_overflowed(&ctx, &parent.id(), |e| e.otel_anchor))
-        });
-        let Some(entry) = decide(id, span.metadata().name(), anchor) else {
+        let Some(labels) = decide(id, span.metadata().name()) else {
             return;
         };
-        // Another thread may have entered the span for the first time too and stored
-        // its decision meanwhile: the first one stored stands.
-        if let Err(entry) = inner_spans::insert(id.into_u64(), entry, |e| e.timer.enter(&e.labels))
+        store_and_enter(&span, id, labels);
+    }
+
+    fn on_exit(&self, id: &Id, ctx: Context<'_, S>) {
+        // The push is on this thread's own stack: no table. The figures are counted
+        // at every outermost exit: the span may end (and be exported) before this
+        // layer hears of its close.
+        if span_map::exit(id.into_u64())
+            || spanprof_core::setup::exit_unprofiled_span(id.into_u64())
         {
+            return;
+        }
+        if let Some(span) = ctx.span(id)
+            && let Some(e) = span.extensions_mut().get_mut::<Overflowed>()
+        {
+            e.timer.exit(&e.labels);
+        }
+    }
+}
+
+impl SpanProfileLayer {
+    /// The policy of the first selector that picks a span of `meta`, if any.
+    #[inline]
+    fn root_of(&self, meta: &tracing::Metadata<'_>) -> Option<&RoutePolicy> {
+        self.roots
+            .iter()
+            .find(|(s, _)| s.matches(meta))
+            .map(|(_, policy)| policy)
+    }
+}
+
+/// Keeps span `id`'s new labels in the span map (or, both its buckets full, in its
+/// extensions) and enters them. Another thread may have entered the span for the
+/// first time too and stored its decision meanwhile: the first one stored stands.
+fn store_and_enter<'a, R>(span: &SpanRef<'a, R>, id: &Id, labels: SpanLabels)
+where
+    R: LookupSpan<'a>,
+{
+    match span_map::insert(id.into_u64(), labels) {
+        Inserted::Stored | Inserted::Exists(_) => {
+            let mut ext = span.extensions_mut();
+            if ext.get_mut::<InSpanMap>().is_none() {
+                ext.insert(InSpanMap);
+            }
+            drop(ext);
+            span_map::enter(id.into_u64());
+        }
+        Inserted::Full(labels) => {
             let mut ext = span.extensions_mut();
             if ext.get_mut::<Overflowed>().is_none() {
-                ext.insert(Overflowed(entry));
+                ext.insert(Overflowed {
+                    labels,
+                    timer: PollTimer::new(None),
+                });
             }
-            if let Some(Overflowed(e)) = ext.get_mut::<Overflowed>() {
+            if let Some(e) = ext.get_mut::<Overflowed>() {
                 e.timer.enter(&e.labels);
             }
         }
     }
-
-    fn on_exit(&self, id: &Id, ctx: Context<'_, S>) {
-        // Publishes at every outermost exit: the span may end (and be exported)
-        // before this layer hears of its close.
-        if inner_spans::with(id.into_u64(), |e| e.timer.exit(&e.labels)).is_some()
-            || with_overflowed(&ctx, id, |e| e.timer.exit(&e.labels)).is_some()
-        {
-            return;
-        }
-        spanprof_core::setup::exit_unprofiled_span(id.into_u64());
-    }
-}
-
-/// Runs `f` on span `id`'s entry kept in its extensions, if the table ever
-/// overflowed and this span's did.
-fn with_overflowed<S, R>(
-    ctx: &Context<'_, S>,
-    id: &Id,
-    f: impl FnOnce(&mut Entry) -> R,
-) -> Option<R>
-where
-    S: Subscriber + for<'a> LookupSpan<'a>,
-{
-    if inner_spans::overflowed() == 0 {
-        return None;
-    }
-    let span = ctx.span(id)?;
-    let mut ext = span.extensions_mut();
-    ext.get_mut::<Overflowed>().map(|Overflowed(e)| f(e))
 }
 
 /// Whether the span `id` (named `name`), entered inside labelled work and not decided
 /// yet, gets labels of its own: yes, unless it is the span those labels are for.
-/// `anchor` is the parent span's `otel_anchor`, if it has labels of its own.
-fn decide(id: &Id, name: &'static str, anchor: Option<u64>) -> Option<Entry> {
+///
+/// The labels in force are the enclosing span's (the tracing parent's when it has
+/// labels of its own, else the request's or job's), and their anchor is the span
+/// whose OpenTelemetry context is attached while they are: the enclosing span
+/// itself, or, for one `tracing-opentelemetry` does not see, its nearest ancestor
+/// it does see.
+fn decide(id: &Id, name: &'static str) -> Option<SpanLabels> {
     let parent = spanprof_core::current_labels()?;
-    let enclosing = anchor.unwrap_or_else(|| parent.span_id());
+    let enclosing = match parent.anchor() {
+        0 => parent.span_id(),
+        anchor => anchor,
+    };
     let ids = own_span_context(id, enclosing);
     if ids.is_some_and(|(sid, _)| sid == parent.span_id()) {
         return None;
@@ -260,28 +292,24 @@ fn decide(id: &Id, name: &'static str, anchor: Option<u64>) -> Option<Entry> {
         Some((sid, sampled)) => (sid, true, sampled),
         None => (random_span_id(), false, false),
     };
-    // Interned through the thread's own cache: no shared lock per span.
-    let labels = parent.child_named(sid, NameId::intern_static(name));
-    if otel && sampled && registry::enabled() {
-        if registry::track_at_start(labels.hotness()) {
-            registry::track(&labels);
-        } else {
-            labels.report_first_sample();
-        }
+    let tracked = otel && sampled && registry::enabled();
+    let at_start = tracked && registry::track_at_start(parent.hotness());
+    // Interned through the thread's own cache: no shared lock per span. Inner spans
+    // are promoted by the signal handler, from the slow deadline they inherit.
+    let labels = parent.child_with(sid, NameId::intern_static(name), |b| {
+        b.anchor(if otel { sid } else { enclosing })
+            .report_first_sample(tracked && !at_start)
+    });
+    if at_start {
+        registry::track(&labels);
     }
-    // Inner spans are promoted by the signal handler, from the slow deadline they
-    // inherit.
-    Some(Entry {
-        labels,
-        timer: PollTimer::new(None),
-        otel_anchor: if otel { sid } else { enclosing },
-    })
+    Some(labels)
 }
 
 /// The labels and state of a root span (`SpanProfileLayer::profile_roots`) created
 /// outside labelled work, at its first enter: its OpenTelemetry ids, its name as span
 /// name and route, and `policy`'s decision.
-fn root(id: &Id, name: &'static str, policy: &RoutePolicy) -> Entry {
+fn root(id: &Id, name: &'static str, policy: &RoutePolicy) -> SpanLabels {
     let ids = own_span_ids(id, 0);
     let (trace_id, sid, sampled, otel) = match ids {
         Some(ids) => (ids.trace_id, ids.span_id, ids.sampled, true),
@@ -302,102 +330,21 @@ fn root(id: &Id, name: &'static str, policy: &RoutePolicy) -> Entry {
         .root_span_id(sid)
         .span_name_id(name)
         .route_id(name)
-        .hot(hot);
+        .hot(hot)
+        .anchor(sid);
     if let Some(after) = policy.slow_after {
         b = b.slow_after(after);
     }
     if let Some(hz) = policy.high_rate_hz {
         b = b.high_rate_hz(hz);
     }
-    let labels = b.build();
-    if otel && sampled && registry::enabled() {
-        if registry::track_at_start(hot) {
-            registry::track(&labels);
-        } else {
-            labels.report_first_sample();
-        }
+    let tracked = otel && sampled && registry::enabled();
+    let at_start = tracked && registry::track_at_start(hot);
+    let labels = b.report_first_sample(tracked && !at_start).build();
+    if at_start {
+        registry::track(&labels);
     }
-    Entry {
-        labels,
-        timer: PollTimer::new(None),
-        otel_anchor: sid,
-    }
-}
-
-/// The callsites of the last spans made on this thread outside labelled work, by span
-/// id: where a span is usually first entered, its metadata without a lookup.
-mod created_outside {
-    use std::cell::Cell;
-
-    type Meta = &'static tracing::Metadata<'static>;
-
-    const SPANS: usize = 8;
-
-    struct Recent {
-        spans: [Cell<(u64, Option<Meta>)>; SPANS],
-        next: Cell<usize>,
-    }
-
-    thread_local! {
-        static RECENT: Recent = const {
-            Recent {
-                spans: [const { Cell::new((0, None)) }; SPANS],
-                next: Cell::new(0),
-            }
-        };
-    }
-
-    pub(super) fn remember(id: u64, meta: Meta) {
-        RECENT.with(|r| {
-            let next = r.next.get();
-            r.spans[next % SPANS].set((id, Some(meta)));
-            r.next.set(next.wrapping_add(1));
-        });
-    }
-
-    pub(super) fn metadata(id: u64) -> Option<Meta> {
-        RECENT.with(|r| {
-            r.spans
-                .iter()
-                .map(Cell::get)
-                .find(|(i, _)| *i == id)
-                .and_then(|(_, m)| m)
-        })
-    }
-}
-
-/// Root candidates: spans a selector picked at creation, outside labelled work, not
-/// entered yet (a few at a time: a job's span is entered as soon as it is made).
-mod root_candidates {
-    use std::collections::HashMap;
-    use std::sync::Mutex;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    static CANDIDATES: Mutex<Option<HashMap<u64, usize>>> = Mutex::new(None);
-    /// How many there are: most enters see 0 and take no lock.
-    static COUNT: AtomicUsize = AtomicUsize::new(0);
-    /// Most candidates kept; past it, new ones are not profiled.
-    const MAX: usize = 4096;
-
-    pub(super) fn add(id: u64, selector: usize) {
-        let mut c = CANDIDATES.lock().unwrap_or_else(|e| e.into_inner());
-        let map = c.get_or_insert_with(HashMap::new);
-        if map.len() < MAX && map.insert(id, selector).is_none() {
-            COUNT.fetch_add(1, Ordering::Release);
-        }
-    }
-
-    /// Takes span `id`'s selector, if it is a candidate.
-    #[inline]
-    pub(super) fn take(id: u64) -> Option<usize> {
-        if COUNT.load(Ordering::Acquire) == 0 {
-            return None;
-        }
-        let mut c = CANDIDATES.lock().unwrap_or_else(|e| e.into_inner());
-        let k = c.as_mut()?.remove(&id)?;
-        COUNT.fetch_sub(1, Ordering::Release);
-        Some(k)
-    }
+    labels
 }
 
 /// Whether an entered span's context can be read from OpenTelemetry's attached one.

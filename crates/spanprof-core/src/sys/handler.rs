@@ -180,7 +180,7 @@ fn high_period(ts: &ThreadSampler, label_high_ns: u64) -> u64 {
 #[inline(always)]
 fn go_high(ts: &ThreadSampler, label_high_ns: u64) {
     let period = high_period(ts, label_high_ns);
-    let fd = ts.perf_fd.load(Ordering::Acquire);
+    let fd = ts.open_perf();
     if fd >= 0 {
         if ts
             .perf_armed
@@ -215,7 +215,8 @@ fn go_high(ts: &ThreadSampler, label_high_ns: u64) {
                 ts.rearm_failed.fetch_add(1, Ordering::Relaxed);
             }
         }
-    } else if ts.timer_live.load(Ordering::Acquire)
+    } else if !ts.perf_mode()
+        && ts.timer_live.load(Ordering::Acquire)
         && (!ts.timer_high.swap(true, Ordering::Relaxed)
             || ts.current_period_ns.load(Ordering::Relaxed) != period)
     {
@@ -338,7 +339,7 @@ const MIN_PERF_INTERVAL_NS: u64 = 50_000;
 /// sample's weight, or `None` when the perf event covers this (hot) time.
 #[inline(always)]
 fn timer_sample(ts: &ThreadSampler, hot: bool, label_high_ns: u64, periods: u64) -> Option<u64> {
-    if ts.perf_fd.load(Ordering::Relaxed) >= 0 {
+    if ts.perf_mode() {
         // Perf mode: the timer runs at the baseline all the time and covers cold work;
         // hot work is the perf event's while it is armed.
         if hot && ts.perf_armed.load(Ordering::Relaxed) {

@@ -135,6 +135,7 @@ pub(crate) fn set_unwinding(asked: Unwinding) -> Unwinding {
 pub const MAX_FRAMES: usize = 128;
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock the signal handler stamps samples with.
+#[inline]
 pub(crate) fn monotonic_now_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,

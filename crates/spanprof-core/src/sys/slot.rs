@@ -30,19 +30,74 @@ fn with_slot<R>(f: impl FnOnce(&AtomicPtr<LabelRecord>) -> R) -> R {
     return super::thread_ctx::with_slot(f);
 }
 
+/// The tokio poll hooks' state on one thread, laid out so that a poll at depth one
+/// (the usual case) touches its first cache line only: the depth, the task cache
+/// (`crate::hooks`), the first saved value.
+#[cfg(tokio_unstable)]
+#[repr(C, align(64))]
+struct HookState {
+    depth: Cell<usize>,
+    /// How many of `deferred` are in use.
+    deferred_len: Cell<usize>,
+    /// The labelled tasks this thread polled last, (task key, record), one place per
+    /// key modulo their number (see `crate::hooks`).
+    recent: [Cell<(u64, *const LabelRecord)>; HOOK_RECENT],
+    /// Saved slot values of the poll hooks (before/after are separate callbacks), with
+    /// the key of the task each level polls.
+    saved: [Cell<(*const LabelRecord, u64)>; HOOK_DEPTH],
+    /// Records whose task terminated inside its own poll: released by the after-poll
+    /// hook once the slot no longer points at them.
+    deferred: [Cell<*const LabelRecord>; HOOK_DEPTH],
+}
+
 #[cfg(tokio_unstable)]
 thread_local! {
-    // Saved slot values of the tokio poll hooks (before/after are separate callbacks),
-    // with the key of the task each level polls.
-    static HOOK_SAVED: Cell<[(*const LabelRecord, u64); HOOK_DEPTH]> = const { Cell::new([(ptr::null(), 0); HOOK_DEPTH]) };
-    static HOOK_DEPTH_USED: Cell<usize> = const { Cell::new(0) };
-    // Records whose task terminated inside its own poll: released by the after-poll
-    // hook once the slot no longer points at them.
-    static HOOK_DEFERRED: Cell<[*const LabelRecord; HOOK_DEPTH]> = const { Cell::new([ptr::null(); HOOK_DEPTH]) };
+    // `const` and no `Drop`: a plain thread-local offset.
+    static HOOKS: HookState = const {
+        HookState {
+            depth: Cell::new(0),
+            deferred_len: Cell::new(0),
+            recent: [const { Cell::new((0, ptr::null())) }; HOOK_RECENT],
+            saved: [const { Cell::new((ptr::null(), 0)) }; HOOK_DEPTH],
+            deferred: [const { Cell::new(ptr::null()) }; HOOK_DEPTH],
+        }
+    };
 }
 
 #[cfg(tokio_unstable)]
 const HOOK_DEPTH: usize = 8;
+/// Places of the task cache.
+#[cfg(tokio_unstable)]
+pub(crate) const HOOK_RECENT: usize = 2;
+
+#[cfg(tokio_unstable)]
+const _: () = assert!(std::mem::offset_of!(HookState, saved) + 16 <= 64);
+
+/// The task cache's entry for task `key`: (key, record) as last set.
+#[cfg(tokio_unstable)]
+#[inline(always)]
+pub(crate) fn recent_task(key: u64) -> (u64, *const LabelRecord) {
+    HOOKS.with(|h| h.recent[key as usize % HOOK_RECENT].get())
+}
+
+/// Sets the task cache's entry for task `key`.
+#[cfg(tokio_unstable)]
+#[inline]
+pub(crate) fn set_recent_task(key: u64, record: *const LabelRecord) {
+    HOOKS.with(|h| h.recent[key as usize % HOOK_RECENT].set((key, record)));
+}
+
+/// Forgets task `key` in the task cache, if it is there.
+#[cfg(tokio_unstable)]
+#[inline]
+pub(crate) fn forget_recent_task(key: u64) {
+    HOOKS.with(|h| {
+        let c = &h.recent[key as usize % HOOK_RECENT];
+        if c.get().0 == key {
+            c.set((0, ptr::null()));
+        }
+    });
+}
 
 /// The innermost `tracing` span entered on this thread outside labelled work that
 /// nothing profiles: its metadata (`&'static tracing::Metadata`, as an address; 0 for
@@ -84,22 +139,24 @@ pub(crate) fn enter_outer_span(id: u64, meta: &'static tracing::Metadata<'static
     });
 }
 
-/// Undoes [`enter_outer_span`] of span `id`, if it is the innermost.
+/// Undoes [`enter_outer_span`] of span `id`, if it is the innermost. Returns whether
+/// it was.
 #[inline]
-pub(crate) fn exit_outer_span(id: u64) {
+pub(crate) fn exit_outer_span(id: u64) -> bool {
     OUTER.with(|o| {
         let Some(depth) = o.depth.get().checked_sub(1) else {
-            return;
+            return false;
         };
         if let Some(saved) = o.saved.get(depth) {
             let (top, prev) = saved.get();
             if top != id {
-                return;
+                return false;
             }
             o.current.store(prev, Ordering::Relaxed);
         }
         o.depth.set(depth);
-    });
+        true
+    })
 }
 
 /// The innermost unprofiled span's callsite on this thread (0: none). Signal-safe.
@@ -117,11 +174,15 @@ pub(crate) fn outer_span_metadata(addr: usize) -> Option<&'static tracing::Metad
 }
 
 /// One detached push: the labels (a strong reference, so they outlive the push), the
-/// slot value to restore, and whether its exit came already (out of order).
+/// slot value to restore, whether its exit came already (out of order), and for a
+/// span's push (`push_span`) its span id and, if it is the outermost push of its
+/// labels on this thread, when it began (0 otherwise).
 struct DetachedPush {
     record: RecordRef,
     prev: *const LabelRecord,
     exited: bool,
+    span: u64,
+    entered_at: u64,
 }
 
 /// This thread's detached pushes (tracing's on_enter / on_exit), oldest first.
@@ -144,21 +205,37 @@ thread_local! {
 /// Most nested detached pushes per thread; deeper ones are not pushed.
 const DETACHED_DEPTH: usize = 64;
 
-/// Pushes `record` and remembers the previous value until [`pop_detached`]. Returns
-/// whether it was pushed (not past [`DETACHED_DEPTH`]).
-pub(crate) fn push_detached(record: &RecordRef) -> bool {
+/// Pushes `record` for the span with id `span` (0: none) and remembers the previous
+/// value until [`pop_span`] (or [`pop_detached`]). If no push of the same record is
+/// in force on this thread, this one is the outermost and `now()` stamps it;
+/// `entered` runs once the slot holds it. Returns whether it was the outermost, or
+/// `None` when not pushed (past [`DETACHED_DEPTH`]).
+#[inline]
+pub(crate) fn push_span(
+    record: RecordRef,
+    span: u64,
+    now: impl FnOnce() -> u64,
+    entered: impl FnOnce(&LabelRecord),
+) -> Option<bool> {
     DETACHED.with(|d| {
         let d = &mut d.borrow_mut().0;
         if d.len() >= DETACHED_DEPTH {
-            return false;
+            return None;
         }
+        let outermost = !d
+            .iter()
+            .any(|p| !p.exited && RecordRef::ptr_eq(&p.record, &record));
+        let entered_at = if outermost { now().max(1) } else { 0 };
         let prev = replace(record.as_ptr());
+        entered(&record);
         d.push(DetachedPush {
-            record: record.clone(),
+            record,
             prev,
             exited: false,
+            span,
+            entered_at,
         });
-        true
+        Some(outermost)
     })
 }
 
@@ -167,15 +244,33 @@ pub(crate) fn push_detached(record: &RecordRef) -> bool {
 /// everything pushed after it is gone, so a record stays referenced for as long as
 /// the slot or a saved value may point at it. Returns whether there was such a push.
 pub(crate) fn pop_detached(record: &LabelRecord) -> bool {
-    DETACHED.with(|d| {
+    pop_where(|p| ptr::eq(p.record.as_ptr(), record), |_, _| {})
+}
+
+/// Pops the newest push of span `span` on this thread (see [`pop_detached`] for
+/// exits out of order), calling `outermost(record, entered_at)` first if it was the
+/// outermost push of its labels. Returns whether there was such a push.
+#[inline]
+pub(crate) fn pop_span(span: u64, outermost: impl FnOnce(&LabelRecord, u64)) -> bool {
+    pop_where(|p| p.span == span, outermost)
+}
+
+#[inline]
+fn pop_where(
+    which: impl Fn(&DetachedPush) -> bool,
+    outermost: impl FnOnce(&LabelRecord, u64),
+) -> bool {
+    let popped = DETACHED.with(|d| {
         let d = &mut d.borrow_mut().0;
-        let Some(i) = d
-            .iter()
-            .rposition(|p| !p.exited && ptr::eq(p.record.as_ptr(), record))
-        else {
-            return false;
-        };
+        let i = d.iter().rposition(|p| !p.exited && which(p))?;
         d[i].exited = true;
+        if d[i].entered_at != 0 {
+            outermost(&d[i].record, d[i].entered_at);
+        }
+        // A sampled span is handed over after this thread-local's borrow (the hook
+        // is anyone's code): keep it alive until then.
+        let hand_over =
+            crate::registration::needs_hand_over(&d[i].record).then(|| d[i].record.clone());
         // Unwind every exited push on top whose record is what the slot holds.
         while let Some(top) = d.last() {
             if !top.exited || current_ptr() != top.record.as_ptr() {
@@ -186,8 +281,17 @@ pub(crate) fn pop_detached(record: &LabelRecord) -> bool {
             // Dropping the record here never re-enters this thread-local.
             drop(top);
         }
-        true
-    })
+        Some(hand_over)
+    });
+    match popped {
+        Some(hand_over) => {
+            if let Some(record) = hand_over {
+                crate::registration::after_pop(&record);
+            }
+            true
+        }
+        None => false,
+    }
 }
 
 /// Publishes `record` in this thread's slot and returns what was there.
@@ -214,7 +318,19 @@ pub(crate) fn current_ptr() -> *const LabelRecord {
     with_slot(|s| s.load(Ordering::Acquire))
 }
 
+/// Runs `f` on the label record in this thread's slot, if any, without taking a
+/// reference to it.
+#[inline]
+pub(crate) fn with_current<R>(f: impl FnOnce(&LabelRecord) -> R) -> Option<R> {
+    let p = current_ptr();
+    // SAFETY: a non-null slot value is a record its pusher keeps a strong reference
+    // to until it restores the slot, which happens on this thread, after `f` returns
+    // (see `current`).
+    unsafe { p.as_ref() }.map(f)
+}
+
 /// A new reference to the label record in this thread's slot, if any.
+#[inline]
 pub(crate) fn current() -> Option<RecordRef> {
     let p = current_ptr();
     if p.is_null() {
@@ -235,15 +351,16 @@ pub(crate) fn current() -> Option<RecordRef> {
 ///
 /// `record` must be null or a record kept alive (by a strong reference) until the
 /// matching [`hook_pop`] ([`hook_release`] defers a release that would come sooner).
+#[inline]
 pub(crate) fn hook_push(record: *const LabelRecord, task: u64, entered: fn(&LabelRecord)) {
     let prev = replace(record);
-    let depth = HOOK_DEPTH_USED.get();
-    if depth < HOOK_DEPTH {
-        let mut saved = HOOK_SAVED.get();
-        saved[depth] = (prev, task);
-        HOOK_SAVED.set(saved);
-    }
-    HOOK_DEPTH_USED.set(depth + 1);
+    HOOKS.with(|h| {
+        let depth = h.depth.get();
+        if let Some(saved) = h.saved.get(depth) {
+            saved.set((prev, task));
+        }
+        h.depth.set(depth + 1);
+    });
     // SAFETY: the caller keeps a non-null `record` alive until `hook_pop` (the task
     // table holds a strong reference until the task terminates, and a release at
     // terminate inside this poll is deferred to `hook_pop`).
@@ -255,17 +372,14 @@ pub(crate) fn hook_push(record: *const LabelRecord, task: u64, entered: fn(&Labe
 #[cfg(tokio_unstable)]
 /// The `on_after_task_poll` half of [`hook_push`]; releases the records whose tasks
 /// terminated inside the poll once the outermost hooked poll is over.
+#[inline]
 pub(crate) fn hook_pop() {
-    let depth = HOOK_DEPTH_USED.get();
-    if depth == 0 {
+    let Some((depth, prev)) = HOOKS.with(|h| {
+        let depth = h.depth.get().checked_sub(1)?;
+        h.depth.set(depth);
+        Some((depth, h.saved.get(depth).map_or(ptr::null(), |s| s.get().0)))
+    }) else {
         return;
-    }
-    let depth = depth - 1;
-    HOOK_DEPTH_USED.set(depth);
-    let prev = if depth < HOOK_DEPTH {
-        HOOK_SAVED.get()[depth].0
-    } else {
-        ptr::null()
     };
     let popped = current_ptr();
     restore(prev);
@@ -276,9 +390,9 @@ pub(crate) fn hook_pop() {
         crate::registration::after_pop(r);
     }
     if depth == 0 {
-        let deferred = HOOK_DEFERRED.replace([ptr::null(); HOOK_DEPTH]);
-        for p in deferred {
-            release_raw(p);
+        let n = HOOKS.with(|h| h.deferred_len.replace(0));
+        for i in 0..n {
+            release_raw(HOOKS.with(|h| h.deferred[i].replace(ptr::null())));
         }
     }
 }
@@ -293,14 +407,25 @@ pub(crate) fn hook_release(record: *const LabelRecord, task: u64) {
     if record.is_null() {
         return;
     }
-    let depth = HOOK_DEPTH_USED.get();
-    let saved = HOOK_SAVED.get();
-    let in_poll = depth > HOOK_DEPTH || saved[..depth].iter().any(|&(_, t)| t == task);
-    if in_poll {
-        let mut deferred = HOOK_DEFERRED.get();
-        if let Some(free) = deferred.iter_mut().find(|p| p.is_null()) {
-            *free = record;
-            HOOK_DEFERRED.set(deferred);
+    let deferred = HOOKS.with(|h| {
+        let depth = h.depth.get();
+        let in_poll = depth > HOOK_DEPTH
+            || h.saved[..depth.min(HOOK_DEPTH)]
+                .iter()
+                .any(|s| s.get().1 == task);
+        if !in_poll {
+            return None;
+        }
+        let n = h.deferred_len.get();
+        if n < HOOK_DEPTH {
+            h.deferred[n].set(record);
+            h.deferred_len.set(n + 1);
+            return Some(true);
+        }
+        Some(false)
+    });
+    if let Some(deferred) = deferred {
+        if deferred {
             return;
         }
         // More terminations inside one poll than levels of nesting: only possible

@@ -103,6 +103,7 @@ impl<B> MakeRoute<B> for GrpcRoute {
     }
 }
 
+#[inline]
 pub(crate) fn is_grpc(headers: &http::HeaderMap) -> bool {
     headers
         .get(http::header::CONTENT_TYPE)
@@ -123,6 +124,7 @@ const TAGS: usize = 2 * METHOD_NAMES.len();
 
 /// A request's method as an index into [`METHOD_NAMES`], with [`GRPC_TAG`] for gRPC:
 /// with the route, the key of the layer's route table.
+#[inline]
 pub(crate) fn method_tag(method: &http::Method, grpc: bool) -> u8 {
     use http::Method;
     // In METHOD_NAMES' order.
@@ -141,6 +143,7 @@ pub(crate) fn method_tag(method: &http::Method, grpc: bool) -> u8 {
     if grpc { i | GRPC_TAG } else { i }
 }
 
+#[inline]
 fn tag_index(tag: u8) -> usize {
     usize::from(tag & !GRPC_TAG)
         + if tag & GRPC_TAG != 0 {
@@ -214,6 +217,7 @@ impl RouteTable {
     /// The entry of requests with method tag `tag` ([`method_tag`]) and route `route`:
     /// their own, or the [`UNKNOWN_ROUTE`] one when the name would be new past the
     /// bound. A new entry's policy comes from `decide(method, route)`.
+    #[inline]
     pub(crate) fn entry(
         &self,
         tag: u8,
@@ -227,6 +231,7 @@ impl RouteTable {
         self.after_miss(hash, tag, route, decide)
     }
 
+    #[inline]
     fn hash(&self, tag: u8, route: &str) -> usize {
         self.hasher.hash_one((tag, route)) as usize
     }
@@ -270,6 +275,7 @@ impl RouteTable {
 
     /// The entry of `(tag, route)` if present, and the empty slot its probe ended on.
     /// The table is at most half full, so a probe always ends.
+    #[inline]
     fn probe(&self, hash: usize, tag: u8, route: &str) -> (Option<&RouteEntry>, usize) {
         let mask = self.slots.len() - 1;
         let mut i = hash & mask;

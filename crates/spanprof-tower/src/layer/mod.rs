@@ -343,6 +343,7 @@ impl RequestProfile {
     }
 
     /// Makes the accounting so far visible on the labels (for the span processor).
+    #[inline]
     pub(crate) fn publish(&self) {
         self.labels.publish_poll_stats(self.timer.stats());
     }
@@ -351,6 +352,7 @@ impl RequestProfile {
 impl Correlator {
     /// Decides and labels one request; `None` for disabled routes. `names_routes`:
     /// whether the route namer can name HTTP routes at all (set-up check).
+    #[inline]
     pub(crate) fn begin<B>(
         &self,
         request: &http::Request<B>,
@@ -382,6 +384,11 @@ impl Correlator {
             u128::from(trace.span_id)
         };
         let hot = policy.decide(decision_id, trace.sampled);
+        // Spans no sample lands in need nothing more: the first sample has the core
+        // hand the span to the registry (`registry::enable`); hot ones are tracked
+        // now (they are sampled at the high rate anyway).
+        let tracked = trace.otel_span && trace.sampled && registry::enabled();
+        let at_start = tracked && registry::track_at_start(hot);
         let mut b = SpanLabels::builder()
             .trace_id(trace.trace_id)
             .span_id(trace.span_id)
@@ -390,7 +397,8 @@ impl Correlator {
             .span_name_id(entry.span_name)
             .route_id(entry.route)
             .trace_flags(u8::from(trace.sampled))
-            .hot(hot);
+            .hot(hot)
+            .report_first_sample(tracked && !at_start);
         if let Some(after) = policy.slow_after {
             b = b.slow_after(after);
         }
@@ -398,14 +406,8 @@ impl Correlator {
             b = b.high_rate_hz(hz);
         }
         let labels = b.build();
-        // Spans no sample lands in need nothing more: the first sample has the core
-        // hand the span to the registry (`registry::enable`).
-        if trace.otel_span && trace.sampled && registry::enabled() {
-            if registry::track_at_start(hot) {
-                registry::track(&labels);
-            } else {
-                labels.report_first_sample();
-            }
+        if at_start {
+            registry::track(&labels);
         }
         // Work already hot needs no promotion.
         let slow_after = policy.slow_after.filter(|_| hot == Hotness::Cold);

@@ -112,13 +112,14 @@ fn new_span_id() -> u64 {
 static REQUEST_SPAN: AttachedContext = AttachedContext::new(LookupSite::Request);
 
 /// The trace identity of the request about to be served.
+#[inline]
 pub(crate) fn current(headers: &http::HeaderMap) -> RequestTrace {
     let mut source = TraceSource::NoSpan;
     if tracing::dispatcher::get_default(|d| d.current_span().id().is_some()) {
         source = TraceSource::SpanWithoutOtel;
         // A request served inside another's labels (a router called from a handler):
         // the other request's attached context is not this one's.
-        let enclosing = spanprof_core::current_labels().map(|labels| labels.span_id());
+        let enclosing = spanprof_core::current_span_id();
         let ids = REQUEST_SPAN
             .current_span_ids(enclosing, || SpanIds::of_span(&tracing::Span::current()));
         if let Some(ids) = ids {
