@@ -321,31 +321,33 @@ impl AddressSymbolizer {
 }
 
 /// The frames of one symbolized address, innermost first: the deepest inlined
-/// callee, ..., then the function that physically contains the address.
+/// callee, ..., then the function that physically contains the address. Each frame
+/// carries the line executing in its own function (pprof's convention for the
+/// `Line`s of one `Location`): blazesym already gives each inlined function the line
+/// of the call it makes into the next one (the innermost, the line at the address)
+/// and the physical function the line of its call into the outermost inlined one.
 fn sym_frames(names: &mut Names, sym: &blazesym::symbolize::Sym<'_>, addr: u64) -> Arc<[Frame]> {
     let mut frames = Vec::with_capacity(1 + sym.inlined.len());
-    let mut loc = sym
-        .code_info
-        .as_deref()
-        .map(|c| (c.file.to_string_lossy().into_owned(), c.line.unwrap_or(0)));
+    let location = |names: &mut Names, code: Option<&blazesym::symbolize::CodeInfo<'_>>| {
+        code.map_or((None, 0), |c| {
+            let file = c.file.to_string_lossy();
+            ((!file.is_empty()).then(|| name(names, &file)), c.line.unwrap_or(0))
+        })
+    };
     for inl in sym.inlined.iter().rev() {
-        let (file, line) = loc.take().unwrap_or_default();
+        let (file, line) = location(names, inl.code_info.as_ref());
         frames.push(Frame {
             function: name(names, &clean(&inl.name)),
-            file: (!file.is_empty()).then(|| name(names, &file)),
+            file,
             line,
             address: addr,
             inlined: true,
         });
-        loc = inl
-            .code_info
-            .as_ref()
-            .map(|c| (c.file.to_string_lossy().into_owned(), c.line.unwrap_or(0)));
     }
-    let (file, line) = loc.unwrap_or_default();
+    let (file, line) = location(names, sym.code_info.as_deref());
     frames.push(Frame {
         function: name(names, &clean(&sym.name)),
-        file: (!file.is_empty()).then(|| name(names, &file)),
+        file,
         line,
         address: addr,
         inlined: false,
