@@ -331,7 +331,10 @@ fn sym_frames(names: &mut Names, sym: &blazesym::symbolize::Sym<'_>, addr: u64) 
     let location = |names: &mut Names, code: Option<&blazesym::symbolize::CodeInfo<'_>>| {
         code.map_or((None, 0), |c| {
             let file = c.file.to_string_lossy();
-            ((!file.is_empty()).then(|| name(names, &file)), c.line.unwrap_or(0))
+            (
+                (!file.is_empty()).then(|| name(names, &file)),
+                c.line.unwrap_or(0),
+            )
         })
     };
     for inl in sym.inlined.iter().rev() {

@@ -216,7 +216,10 @@ impl Builder {
         self.functions.push(proto::Function {
             id,
             name,
-            system_name: name,
+            // Left empty: readers that see `system_name == name` take the name for
+            // one still to demangle, and `go tool pprof` then strips what looks like
+            // C++ template arguments, so `<u64>::rotate_left` read `::rotate_left`.
+            system_name: 0,
             filename: file,
             start_line: 0,
         });
