@@ -426,7 +426,9 @@ impl Dictionary {
             let file = f.file.as_deref().map_or(0, |file| self.string(file));
             let function_index = self.functions.get((name, file), || pb::Function {
                 name_strindex: name,
-                system_name_strindex: name,
+                // Empty, as in pprof: a reader that finds it equal to the name may
+                // take the name for a mangled one and shorten it.
+                system_name_strindex: 0,
                 filename_strindex: file,
                 start_line: 0,
             });

@@ -12,7 +12,7 @@ use crate::OtlpProfilesExporter;
 #[cfg(feature = "pyroscope")]
 use crate::PyroscopeExporter;
 use crate::delivery::Stopped;
-use crate::{Delivery, DeliveryStats, ProfileSource};
+use crate::{Delivery, DeliveryStats, PprofFileExporter, ProfileSource};
 
 /// The state of an interval thread.
 #[derive(Default)]
@@ -103,7 +103,7 @@ impl Exporter {
     }
 
     pub(crate) fn shutdown(self, deadline: Duration) -> DeliveryStats {
-        Sinks(vec![self]).shutdown(deadline)[0].1
+        Sinks(vec![Sink::Network(self)]).shutdown(deadline)[0].1
     }
 
     /// Asks the interval thread for its last interval.
@@ -152,16 +152,21 @@ impl Drop for Exporter {
     }
 }
 
-/// The network sinks of a service, stopped together: [`Sinks::shutdown`] stops
-/// them all at once, sharing one deadline, so that two sinks whose servers hang
-/// take the deadline, not twice it.
+/// The sinks of a service, stopped together: [`Sinks::shutdown`] stops them all at
+/// once, sharing one deadline, so that two sinks whose servers hang take the
+/// deadline, not twice it.
 ///
 /// ```no_run
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use spanprof_export::{OtlpProfilesConfig, OtlpProfilesExporter, ProfileSource};
+/// use spanprof_export::{PprofFileConfig, PprofFileExporter};
 /// use spanprof_export::{PyroscopeConfig, PyroscopeExporter, Sinks};
 /// let profiler = spanprof_core::Profiler::builder().start()?;
 /// let mut sinks = Sinks::new();
+/// sinks.push(PprofFileExporter::start(
+///     PprofFileConfig::new("/var/tmp/profiles"),
+///     ProfileSource::profiler(&profiler),
+/// )?);
 /// if let Some(cfg) = PyroscopeConfig::from_env()? {
 ///     sinks.push(PyroscopeExporter::start(cfg, ProfileSource::profiler(&profiler))?);
 /// }
@@ -176,7 +181,32 @@ impl Drop for Exporter {
 /// ```
 #[derive(Debug, Default)]
 #[must_use = "sinks stop when dropped: keep them alive as long as the service runs"]
-pub struct Sinks(Vec<Exporter>);
+pub struct Sinks(Vec<Sink>);
+
+/// One sink of [`Sinks`].
+#[derive(Debug)]
+enum Sink {
+    /// A network sink: an interval thread and a delivery.
+    Network(Exporter),
+    /// Periodic pprof files.
+    Files(PprofFileExporter),
+}
+
+impl Sink {
+    fn name(&self) -> &'static str {
+        match self {
+            Sink::Network(e) => e.name,
+            Sink::Files(_) => "pprof-files",
+        }
+    }
+
+    fn stats(&self) -> DeliveryStats {
+        match self {
+            Sink::Network(e) => e.stats(),
+            Sink::Files(f) => f.stats(),
+        }
+    }
+}
 
 impl Sinks {
     /// No sinks.
@@ -184,8 +214,8 @@ impl Sinks {
         Sinks(Vec::new())
     }
 
-    /// Adds a sink (a [`PyroscopeExporter`], an [`OtlpProfilesExporter`], or other
-    /// `Sinks`).
+    /// Adds a sink (a [`PyroscopeExporter`], an [`OtlpProfilesExporter`], a
+    /// [`PprofFileExporter`], or other `Sinks`).
     pub fn push(&mut self, sink: impl Into<Sinks>) -> &mut Self {
         self.0.extend(sink.into().0);
         self
@@ -201,9 +231,9 @@ impl Sinks {
         self.0.is_empty()
     }
 
-    /// Each sink's name (`pyroscope`, `otlp-profiles`) and counters.
+    /// Each sink's name (`pyroscope`, `otlp-profiles`, `pprof-files`) and counters.
     pub fn stats(&self) -> Vec<(&'static str, DeliveryStats)> {
-        self.0.iter().map(|e| (e.name, e.stats())).collect()
+        self.0.iter().map(|e| (e.name(), e.stats())).collect()
     }
 
     /// Stops every sink at once: each takes its last interval and flushes its queue
@@ -213,33 +243,60 @@ impl Sinks {
     /// do, with each sink's name and counters (also logged).
     pub fn shutdown(mut self, deadline: Duration) -> Vec<(&'static str, DeliveryStats)> {
         let end = Instant::now() + deadline;
-        for e in &self.0 {
-            e.stop_interval();
+        for s in &self.0 {
+            match s {
+                Sink::Network(e) => e.stop_interval(),
+                Sink::Files(f) => f.stop_interval(),
+            }
         }
-        for e in &mut self.0 {
-            e.wait_interval(end);
+        let mut files = Vec::new();
+        for (i, s) in self.0.iter_mut().enumerate() {
+            match s {
+                Sink::Network(e) => e.wait_interval(end),
+                Sink::Files(f) => files.push((i, f.wait_interval(end))),
+            }
         }
         // Every sender flushes on its own thread: all at once, one deadline.
-        for e in &self.0 {
-            e.delivery.begin_close(end);
+        for s in &self.0 {
+            if let Sink::Network(e) = s {
+                e.delivery.begin_close(end);
+            }
         }
         self.0
             .into_iter()
-            .map(|mut e| (e.name, e.delivery.finish_close()))
+            .enumerate()
+            .map(|(i, s)| match s {
+                Sink::Network(mut e) => (e.name, e.delivery.finish_close()),
+                Sink::Files(f) => {
+                    let stats = files
+                        .iter()
+                        .find(|(at, _)| *at == i)
+                        .map_or_else(|| f.stats(), |(_, stats)| *stats);
+                    // Stopped (its thread joined or left): dropping it logs nothing.
+                    f.log_stop(&stats, false);
+                    ("pprof-files", stats)
+                }
+            })
             .collect()
+    }
+}
+
+impl From<PprofFileExporter> for Sinks {
+    fn from(f: PprofFileExporter) -> Self {
+        Sinks(vec![Sink::Files(f)])
     }
 }
 
 #[cfg(feature = "pyroscope")]
 impl From<PyroscopeExporter> for Sinks {
     fn from(e: PyroscopeExporter) -> Self {
-        Sinks(vec![e.into_exporter()])
+        Sinks(vec![Sink::Network(e.into_exporter())])
     }
 }
 
 #[cfg(feature = "otlp")]
 impl From<OtlpProfilesExporter> for Sinks {
     fn from(e: OtlpProfilesExporter) -> Self {
-        Sinks(vec![e.into_exporter()])
+        Sinks(vec![Sink::Network(e.into_exporter())])
     }
 }

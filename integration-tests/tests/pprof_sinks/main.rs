@@ -22,7 +22,7 @@ fn periodic_files_read_by_go_tool_pprof() {
     let files = PprofFileExporter::start(cfg, ProfileSource::profiler(&profiler)).unwrap();
     let (cpu_ns, labels) = labelled_burn(1500);
     profiler.flush();
-    let written = files.shutdown();
+    let written = files.shutdown(Duration::from_secs(5));
     profiler.stop();
     assert!(written.len() >= 3, "{written:?}");
     let mut names: Vec<_> = written
@@ -119,4 +119,36 @@ fn debug_endpoint_is_fetched_by_go_tool_pprof() {
     assert!(bad.1.contains("span_id"), "{}", bad.1);
     assert_eq!(missing.0, 404, "{}", missing.1);
     profiler.stop();
+}
+
+/// pprof files join the other sinks: in a `Sinks`, stopped with them within one
+/// deadline, with the last interval's file written and counted.
+#[test]
+fn pprof_files_stop_with_the_other_sinks() {
+    let _serial = support::serial();
+    let profiler = Profiler::builder().start().expect("profiler");
+    let dir = support::artifact_dir().join(format!("pprof-sinks-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut sinks = spanprof_export::Sinks::new();
+    sinks.push(
+        PprofFileExporter::start(
+            PprofFileConfig::new(&dir)
+                .interval(Duration::from_secs(60))
+                .max_files(3),
+            ProfileSource::profiler(&profiler),
+        )
+        .unwrap(),
+    );
+    labelled_burn(200);
+    profiler.flush();
+    let started = std::time::Instant::now();
+    let stats = sinks.shutdown(Duration::from_secs(5));
+    profiler.stop();
+    assert!(started.elapsed() < Duration::from_secs(5), "{stats:?}");
+    assert_eq!(stats.len(), 1);
+    let (name, stats) = stats[0];
+    assert_eq!(name, "pprof-files");
+    assert_eq!((stats.sent, stats.dropped()), (1, 0), "{stats:?}");
+    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+    assert_eq!(files.len(), 1, "the last interval's file: {files:?}");
 }

@@ -73,7 +73,7 @@ fn a_sink_labels_samples_in_the_scope_the_layer_was_built_with() {
     let inner = root.child(INNER, "calculate_total");
     burn_in(&inner, 400);
     profiler.flush();
-    let written = files.shutdown();
+    let written = files.shutdown(Duration::from_secs(5));
     profiler.stop();
 
     let by_id = ns_by_span_id(&written);
