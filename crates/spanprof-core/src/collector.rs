@@ -309,6 +309,7 @@ fn process(
             q.samples.drain(..).collect()
         };
         crate::setup::emit_pending();
+        crate::setup::filters::after_batch(batch.len() as u64);
         unprofiled.count(&batch);
         // Symbolize outside the store's lock, so queries never wait for DWARF parsing:
         // the batch's new addresses in one call, then each stack from the caches.

@@ -164,6 +164,7 @@ pub fn check_at_start() {
         }
     }
     emit_pending();
+    filters::check();
 }
 
 /// Logs the pending messages if a `tracing` subscriber is listening now. Called at
@@ -178,6 +179,7 @@ pub(crate) fn emit_pending() {
     if !listening {
         return;
     }
+    filters::check();
     if STARTED_PENDING.swap(false, Ordering::AcqRel)
         && let Some(line) = STARTED_LINE
             .lock()
@@ -302,5 +304,181 @@ mod tests {
         assert_eq!(super::frame_pointer_warning(None, FramePointers), None);
         // The DWARF unwinder needs no frame pointers: nothing to report.
         assert_eq!(super::frame_pointer_warning(Some(false), DwarfCfi), None);
+    }
+}
+
+/// The service's own `tracing` filter, which can hide what spanprof needs: its
+/// warnings (so every other check here goes unheard), and the spans it labels (a
+/// `profile_roots` span, or `TraceLayer`'s request span, that the filter disables is
+/// never created, so nothing is labelled). Checked once a subscriber listens, again
+/// as root callsites register, and from the collector while samples arrive and no
+/// root span was ever seen.
+pub mod filters {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    use tracing::Metadata;
+    use tracing::level_filters::LevelFilter;
+
+    /// Root selectors configured with `profile_roots` (for the messages), and the
+    /// callsites of spans they picked, not yet checked.
+    static ROOTS: Mutex<Roots> = Mutex::new(Roots {
+        names: Vec::new(),
+        unchecked: Vec::new(),
+        checked: 0,
+    });
+
+    struct Roots {
+        names: Vec<String>,
+        unchecked: Vec<&'static Metadata<'static>>,
+        checked: usize,
+    }
+
+    /// Most root callsites checked per process.
+    const MAX_CALLSITES: usize = 64;
+
+    static ROOT_SEEN: AtomicBool = AtomicBool::new(false);
+    /// A root callsite waits to be checked.
+    static UNCHECKED: AtomicBool = AtomicBool::new(false);
+    static STDERR_SAID: AtomicBool = AtomicBool::new(false);
+    static WARNINGS_CHECKED: AtomicBool = AtomicBool::new(false);
+    static NO_ROOT_WARNED: AtomicBool = AtomicBool::new(false);
+    /// Samples the collector took while roots are configured and none was seen.
+    static SAMPLES_WITHOUT_ROOT: AtomicU64 = AtomicU64::new(0);
+
+    /// Samples after which a configured root never seen is reported.
+    const SAMPLES_BEFORE_NO_ROOT: u64 = 200;
+
+    /// Notes the selectors `SpanProfileLayer::profile_roots` was given (by their
+    /// description, for the messages).
+    pub fn roots_configured(description: impl Into<String>) {
+        let mut r = ROOTS.lock().unwrap_or_else(|e| e.into_inner());
+        let d = description.into();
+        if !r.names.contains(&d) {
+            r.names.push(d);
+        }
+    }
+
+    /// Notes the callsite of a span a root selector picks, as tracing registers it
+    /// (`Layer::register_callsite`): checked against the service's filter once a
+    /// subscriber listens.
+    pub fn watch_root_callsite(meta: &'static Metadata<'static>) {
+        let mut r = ROOTS.lock().unwrap_or_else(|e| e.into_inner());
+        if r.unchecked.len() + r.checked < MAX_CALLSITES {
+            r.unchecked.push(meta);
+            UNCHECKED.store(true, Ordering::Release);
+        }
+    }
+
+    /// From the collector, after each batch of `samples`: the checks due.
+    pub(crate) fn after_batch(samples: u64) {
+        if UNCHECKED.load(Ordering::Acquire) {
+            check();
+        }
+        samples_taken(samples);
+    }
+
+    /// Notes that a root span was profiled (so none was hidden).
+    #[inline]
+    pub fn root_span_seen() {
+        if !ROOT_SEEN.load(Ordering::Relaxed) {
+            ROOT_SEEN.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// `samples` more were taken.
+    fn samples_taken(samples: u64) {
+        if ROOT_SEEN.load(Ordering::Relaxed) || NO_ROOT_WARNED.load(Ordering::Relaxed) {
+            return;
+        }
+        let names = {
+            let r = ROOTS.lock().unwrap_or_else(|e| e.into_inner());
+            if r.names.is_empty() {
+                return;
+            }
+            r.names.join(", ")
+        };
+        if SAMPLES_WITHOUT_ROOT.fetch_add(samples, Ordering::Relaxed) + samples
+            < SAMPLES_BEFORE_NO_ROOT
+            || NO_ROOT_WARNED.swap(true, Ordering::Relaxed)
+        {
+            return;
+        }
+        say(&format!(
+            "spanprof: {SAMPLES_BEFORE_NO_ROOT} CPU samples and not one span that profile_roots picks ({names}) was \
+             profiled: no such span was created outside a request, or the service's tracing filter disables them. \
+             Check the names, and give the OpenTelemetry and spanprof layers no filter (docs/layer.md, \"Log \
+             filters\")."
+        ));
+    }
+
+    /// Runs the checks a listening subscriber makes possible.
+    pub(crate) fn check() {
+        if !tracing::dispatcher::get_default(|d| !d.is::<tracing::subscriber::NoSubscriber>()) {
+            return;
+        }
+        UNCHECKED.store(false, Ordering::Release);
+        let max = LevelFilter::current().to_string().to_uppercase();
+        if !WARNINGS_CHECKED.swap(true, Ordering::Relaxed)
+            && !tracing::enabled!(tracing::Level::WARN)
+        {
+            // Nothing spanprof warns about will be seen: one line to stderr, now.
+            let roots = ROOTS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .names
+                .join(", ");
+            let spans = if LevelFilter::current() < LevelFilter::INFO {
+                format!(
+                    ", and every span less severe than {max}, so{} TraceLayer's request spans are not created and \
+                     nothing is labelled",
+                    if roots.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" the spans profile_roots picks ({roots}) and")
+                    }
+                )
+            } else {
+                String::new()
+            };
+            said(&format!(
+                "spanprof: this process's tracing filter (max level {max}) hides spanprof's warnings{spans}. Filter \
+                 the log output, not the spans: fmt::layer().with_filter(EnvFilter::from_default_env()), with the \
+                 OpenTelemetry and spanprof layers unfiltered (docs/layer.md, \"Log filters\")."
+            ));
+        }
+        let unchecked =
+            std::mem::take(&mut ROOTS.lock().unwrap_or_else(|e| e.into_inner()).unchecked);
+        for meta in unchecked {
+            ROOTS.lock().unwrap_or_else(|e| e.into_inner()).checked += 1;
+            if tracing::dispatcher::get_default(|d| d.enabled(meta)) {
+                continue;
+            }
+            say(&format!(
+                "spanprof: the tracing filter disables the spans `{}` (target {}, level {}) that profile_roots \
+                 picks: they are never created, so nothing is labelled. Give the OpenTelemetry and spanprof layers \
+                 no filter and filter the fmt layer alone (docs/layer.md, \"Log filters\").",
+                meta.name(),
+                meta.target(),
+                meta.level()
+            ));
+        }
+    }
+
+    /// Logs `message` at warn level, or, if the filter hides spanprof's warnings and
+    /// nothing went to stderr yet, there.
+    fn say(message: &str) {
+        if tracing::enabled!(tracing::Level::WARN) {
+            tracing::warn!("{message}");
+        } else {
+            said(message);
+        }
+    }
+
+    /// One line to stderr, once per process.
+    fn said(message: &str) {
+        if !STDERR_SAID.swap(true, Ordering::Relaxed) {
+            eprintln!("{message}");
+        }
     }
 }

@@ -76,6 +76,17 @@ impl SpanSelector {
     }
 }
 
+impl SpanSelector {
+    /// How the selector reads in a message: `apply`, `target my_jobs`, `level INFO`.
+    fn describe(&self) -> String {
+        match self {
+            SpanSelector::Name(n) => format!("`{n}`"),
+            SpanSelector::Target(t) => format!("target {t}"),
+            SpanSelector::Level(l) => format!("level {l}"),
+        }
+    }
+}
+
 impl From<&'static str> for SpanSelector {
     /// A span name.
     fn from(name: &'static str) -> Self {
@@ -122,7 +133,9 @@ impl SpanProfileLayer {
     /// # drop(layer);
     /// ```
     pub fn profile_roots(mut self, selector: impl Into<SpanSelector>, policy: RoutePolicy) -> Self {
-        self.roots.push((selector.into(), policy));
+        let selector = selector.into();
+        spanprof_core::setup::filters::roots_configured(selector.describe());
+        self.roots.push((selector, policy));
         self
     }
 }
@@ -150,6 +163,18 @@ impl<S> tracing_subscriber::Layer<S> for SpanProfileLayer
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
+    fn register_callsite(
+        &self,
+        metadata: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        // The service's filter may disable a span a root selector picks: checked once
+        // a subscriber listens (`spanprof_core::setup::filters`).
+        if metadata.is_span() && self.root_of(metadata).is_some() {
+            spanprof_core::setup::filters::watch_root_callsite(metadata);
+        }
+        tracing::subscriber::Interest::always()
+    }
+
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
         // Only spans made outside labelled work can be roots; the rest is decided at
         // their first enter, where their OpenTelemetry context is attached.
@@ -197,6 +222,7 @@ where
             if candidate {
                 span.extensions_mut().remove::<RootCandidate>();
                 if let Some(policy) = self.root_of(span.metadata()) {
+                    spanprof_core::setup::filters::root_span_seen();
                     let labels = root(id, span.name(), policy);
                     store_and_enter(&span, id, labels);
                     return;

@@ -9,7 +9,7 @@ use spanprof::viewer::{DEFAULT_MAX_TRACES, Exposure, RecentSpans, Viewer, Viewer
 use spanprof::{ProfileCorrelationLayer, Profiler, SpanProfileLayer, SpanProfileProcessor}; // +spanprof
 use tower::ServiceBuilder;
 use tower_http::trace::{DefaultMakeSpan, TraceLayer};
-use tracing_subscriber::{EnvFilter, prelude::*};
+use tracing_subscriber::{EnvFilter, filter::LevelFilter, prelude::*};
 
 // `#[tokio::main]` with spanprof's runtime hooks: every runtime thread sampled and,
 // with `--cfg tokio_unstable`, tasks a request spawns labelled as the request.
@@ -34,11 +34,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_resource(Resource::builder().with_service_name("shop").build())
         .with_span_processor(SpanProfileProcessor::new(recorder)) // +spanprof
         .build();
+    // Logs filtered by RUST_LOG; traces and profiles by their own filter, so that a
+    // strict RUST_LOG does not remove the spans (docs/layer.md, "Log filters").
+    let logs = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     tracing_subscriber::registry()
-        .with(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
-        .with(tracing_subscriber::fmt::layer())
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("shop")))
-        .with(SpanProfileLayer::new()) // +spanprof
+        .with(tracing_subscriber::fmt::layer().with_filter(logs))
+        .with(
+            tracing_opentelemetry::layer()
+                .with_tracer(provider.tracer("shop"))
+                .and_then(SpanProfileLayer::new()) // +spanprof
+                .with_filter(LevelFilter::INFO),
+        )
         .init();
 
     // The viewer, on a loopback port (VIEWER_ADDR, default 127.0.0.1:6060), thread and

@@ -1,0 +1,142 @@
+//! A service whose own `tracing` filter hides what spanprof needs, as most services
+//! run in production (`RUST_LOG` unset or `warn`): a global filter at ERROR disables
+//! the spans `profile_roots` picks (they are never created, so nothing is labelled)
+//! and spanprof's own warnings. spanprof then says so in exactly one line on stderr,
+//! at start; set up as docs/layer.md says (the filter on the fmt layer alone), the
+//! same service is labelled and says nothing.
+//!
+//! Each case runs in a child process of this test binary (a process has one global
+//! subscriber), shaped like a mini-redis: a `#[tokio::main]`-less runtime with the
+//! hooks, commands in `apply` spans picked by `profile_roots`.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SimpleSpanProcessor};
+use spanprof::{RoutePolicy, SpanProfileLayer, SpanProfileProcessor};
+use tracing::Instrument;
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::prelude::*;
+
+/// The child's case, when this binary runs as one.
+const CASE: &str = "SPANPROF_FILTERS_CASE";
+
+/// Runs the test `child` of this binary as a child process with `case`; returns its
+/// stderr's spanprof lines and the number of samples it labelled `apply`.
+fn run_child(case: &str) -> (Vec<String>, u64) {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child", "--nocapture", "--test-threads", "1"])
+        .env(CASE, case)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run the child");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
+    let labelled = stdout
+        .lines()
+        .find_map(|l| l.split("APPLY_SAMPLES ").nth(1))
+        .unwrap_or_else(|| panic!("no count in:\n{stdout}\n{stderr}"))
+        .trim()
+        .parse()
+        .unwrap();
+    let lines = stderr
+        .lines()
+        .filter(|l| l.contains("spanprof"))
+        .map(str::to_owned)
+        .collect();
+    (lines, labelled)
+}
+
+#[test]
+fn an_error_only_filter_gets_one_line_on_stderr_and_the_documented_one_a_profile() {
+    let (hidden, labelled) = run_child("global-error");
+    assert_eq!(hidden.len(), 1, "one line, at start: {hidden:#?}");
+    let line = &hidden[0];
+    for needle in ["filter", "apply", "with_filter", "docs/layer.md"] {
+        assert!(line.contains(needle), "{needle:?} not in {line}");
+    }
+    assert_eq!(labelled, 0, "the apply spans are never created");
+
+    let (said, labelled) = run_child("per-layer");
+    assert!(said.is_empty(), "the documented set-up: {said:#?}");
+    assert!(
+        labelled > 0,
+        "apply spans profiled once the filter is the fmt layer's"
+    );
+}
+
+/// Burns about `ms` ms of CPU.
+fn burn(ms: u64) -> u64 {
+    let start = spanprof::stats::thread_cpu_time();
+    let mut x = 1u64;
+    while spanprof::stats::thread_cpu_time() - start < Duration::from_millis(ms) {
+        for _ in 0..10_000 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+    }
+    x
+}
+
+#[test]
+fn child() {
+    let Ok(case) = std::env::var(CASE) else {
+        return; // Only as a child of the test above.
+    };
+    let profiler = spanprof::Profiler::builder().start().expect("profiler");
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(SpanProfileProcessor::new(SimpleSpanProcessor::new(
+            exporter,
+        )))
+        .build();
+    let tracer = provider.tracer("filters");
+    let roots = || SpanProfileLayer::new().profile_roots("apply", RoutePolicy::new());
+    match case.as_str() {
+        // As a service does with `EnvFilter::from_default_env()` and RUST_LOG unset.
+        "global-error" => tracing_subscriber::registry()
+            .with(EnvFilter::new("error"))
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .with(tracing_opentelemetry::layer().with_tracer(tracer))
+            .with(roots())
+            .init(),
+        // docs/layer.md: the filter on the fmt layer alone.
+        "per-layer" => tracing_subscriber::registry()
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(std::io::stderr)
+                    .with_filter(EnvFilter::new("error")),
+            )
+            .with(tracing_opentelemetry::layer().with_tracer(tracer))
+            .with(roots())
+            .init(),
+        other => panic!("unknown case {other}"),
+    }
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    spanprof::install_runtime_hooks(&mut builder);
+    let rt = builder.worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_millis(1500);
+        let mut acc = 0u64;
+        while Instant::now() < deadline {
+            acc ^= async { burn(5) }
+                .instrument(tracing::info_span!("apply"))
+                .await;
+            tokio::task::yield_now().await;
+        }
+        std::hint::black_box(acc);
+    });
+    drop(rt);
+    profiler.flush();
+    let apply = profiler
+        .store()
+        .process(Duration::from_secs(60))
+        .samples
+        .iter()
+        .filter(|s| s.labels.as_ref().is_some_and(|l| &*l.span_name == "apply"))
+        .map(|s| s.count)
+        .sum::<u64>();
+    profiler.stop();
+    println!("APPLY_SAMPLES {apply}");
+}
