@@ -105,7 +105,7 @@ pub(crate) fn report_unprofiled_span(name: &str, target: &str, samples: u64) {
         "spanprof: {samples} CPU samples landed in tracing spans `{name}` (target {target}), entered outside any \
 request, and no profile covers them (background jobs, consumers and start-up work get no labels by themselves). \
 Profile such spans with SpanProfileLayer::new().profile_roots(\"{name}\", RoutePolicy::new()) (docs/layer.md, \
-\"Background jobs and other work outside requests\")."
+\"Services without Tower\")."
     );
 }
 
