@@ -36,6 +36,8 @@ pub const DEFAULT_BASE_BACKOFF: Duration = Duration::from_millis(500);
 pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Default timeout of one send.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default bound of the bytes queued (64 MiB).
+pub const DEFAULT_MAX_QUEUE_BYTES: usize = 64 << 20;
 /// The shutdown deadline spanprof's documentation and examples use.
 pub const DEFAULT_SHUTDOWN_DEADLINE: Duration = Duration::from_secs(5);
 
@@ -66,6 +68,9 @@ pub struct DeliveryConfig {
     pub max_backoff: Duration,
     /// Timeout of one send. Defaults to [`DEFAULT_REQUEST_TIMEOUT`].
     pub request_timeout: Duration,
+    /// Bytes of payloads held (waiting or being sent): past it, the oldest make room
+    /// as past `queue_capacity`. Defaults to [`DEFAULT_MAX_QUEUE_BYTES`].
+    pub max_queue_bytes: usize,
 }
 
 impl Default for DeliveryConfig {
@@ -76,6 +81,7 @@ impl Default for DeliveryConfig {
             base_backoff: DEFAULT_BASE_BACKOFF,
             max_backoff: DEFAULT_MAX_BACKOFF,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            max_queue_bytes: DEFAULT_MAX_QUEUE_BYTES,
         }
     }
 }
@@ -110,6 +116,12 @@ impl DeliveryConfig {
         if self.request_timeout.is_zero() {
             return Err(ExportError::config(
                 "delivery.request_timeout",
+                "must be more than zero",
+            ));
+        }
+        if self.max_queue_bytes == 0 {
+            return Err(ExportError::config(
+                "delivery.max_queue_bytes",
                 "must be more than zero",
             ));
         }
@@ -236,9 +248,20 @@ enum InFlight {
     Waiting,
 }
 
+/// A queued payload and how many items (profiles, spans) it carries.
+struct Item {
+    payload: Vec<u8>,
+    weight: u64,
+}
+
 struct Queue {
-    items: VecDeque<Vec<u8>>,
+    items: VecDeque<Item>,
+    /// Bytes of `items`.
+    bytes: usize,
     in_flight: InFlight,
+    /// The items and bytes of the payload in flight.
+    in_flight_weight: u64,
+    in_flight_bytes: usize,
     /// The waiting payload was dropped (and counted) to make room.
     abandon_in_flight: bool,
     /// When shutdown began: its deadline.
@@ -248,14 +271,47 @@ struct Queue {
 }
 
 impl Queue {
+    /// Whether a payload in flight is still held (not dropped to make room).
+    fn in_flight_held(&self) -> bool {
+        self.in_flight != InFlight::None && !self.abandon_in_flight
+    }
+
     /// Payloads held: waiting, plus the one in flight unless dropped already.
     fn held(&self) -> usize {
-        self.items.len() + usize::from(self.in_flight != InFlight::None && !self.abandon_in_flight)
+        self.items.len() + usize::from(self.in_flight_held())
+    }
+
+    /// Items held (as [`Queue::held`]).
+    fn held_weight(&self) -> u64 {
+        self.items.iter().map(|i| i.weight).sum::<u64>()
+            + if self.in_flight_held() {
+                self.in_flight_weight
+            } else {
+                0
+            }
+    }
+
+    /// Bytes held (as [`Queue::held`]).
+    fn held_bytes(&self) -> usize {
+        self.bytes
+            + if self.in_flight_held() {
+                self.in_flight_bytes
+            } else {
+                0
+            }
+    }
+
+    fn pop_front(&mut self) -> Option<Item> {
+        let item = self.items.pop_front()?;
+        self.bytes -= item.payload.len();
+        Some(item)
     }
 }
 
 pub(crate) struct Shared {
     name: &'static str,
+    /// What the payloads' items are, in the log (`profiles`, `spans`).
+    items: &'static str,
     queue: Mutex<Queue>,
     /// Wakes the sender thread when a payload arrives or shutdown begins.
     cv: Condvar,
@@ -278,31 +334,37 @@ impl Shared {
     }
 
     /// Queues a payload without blocking (see [`Delivery::enqueue`]).
-    pub(crate) fn enqueue(&self, payload: Vec<u8>) -> bool {
+    pub(crate) fn enqueue(&self, payload: Vec<u8>, weight: u64) -> bool {
         let mut q = self.lock();
         if q.dead {
-            self.count(|c| &c.dropped_panicked, 1);
+            self.count(|c| &c.dropped_panicked, weight);
             return false;
         }
         if q.closing.is_some() {
-            self.count(|c| &c.dropped_shutdown, 1);
+            self.count(|c| &c.dropped_shutdown, weight);
             return false;
         }
-        if q.held() >= self.cfg.queue_capacity.max(1) {
+        while q.held() >= self.cfg.queue_capacity.max(1)
+            || (q.held() > 0 && q.held_bytes() + payload.len() > self.cfg.max_queue_bytes)
+        {
             // Full: the oldest payload makes room. That is the one between retries
             // if there is one, else the first waiting; one being sent right now is
             // left to its attempt.
             if q.in_flight == InFlight::Waiting && !q.abandon_in_flight {
                 q.abandon_in_flight = true;
+                self.count(|c| &c.dropped_queue_full, q.in_flight_weight);
                 self.wake.notify_one();
-            } else if q.items.pop_front().is_none() {
-                self.count(|c| &c.dropped_queue_full, 1);
+            } else if let Some(old) = q.pop_front() {
+                self.count(|c| &c.dropped_queue_full, old.weight);
+            } else {
+                // Only a payload being sent is held: this one cannot wait.
+                self.count(|c| &c.dropped_queue_full, weight);
                 return false;
             }
-            self.count(|c| &c.dropped_queue_full, 1);
         }
-        q.items.push_back(payload);
-        self.count(|c| &c.queued, 1);
+        q.bytes += payload.len();
+        q.items.push_back(Item { payload, weight });
+        self.count(|c| &c.queued, weight);
         drop(q);
         self.cv.notify_all();
         true
@@ -313,8 +375,9 @@ impl Shared {
     fn sender_ended(&self) {
         let mut q = self.lock();
         q.dead = true;
-        let held = q.held() as u64;
+        let held = q.held_weight();
         q.items.clear();
+        q.bytes = 0;
         q.in_flight = InFlight::None;
         self.count(|c| &c.dropped_panicked, held);
     }
@@ -325,8 +388,13 @@ impl Shared {
     }
 
     /// Counts a payload lost to a panic and logs the first panic of this sink.
-    pub(crate) fn lost_to_panic(&self, what: &str, panic: &(dyn std::any::Any + Send)) {
-        self.count(|c| &c.dropped_panicked, 1);
+    pub(crate) fn lost_to_panic(
+        &self,
+        what: &str,
+        panic: &(dyn std::any::Any + Send),
+        weight: u64,
+    ) {
+        self.count(|c| &c.dropped_panicked, weight);
         if !self.panic_logged.swap(true, Ordering::Relaxed) {
             let message = panic
                 .downcast_ref::<&str>()
@@ -354,7 +422,7 @@ impl Shared {
             dropped_retries_exhausted: c.dropped_retries_exhausted.load(Ordering::Relaxed),
             dropped_shutdown: c.dropped_shutdown.load(Ordering::Relaxed),
             dropped_panicked: c.dropped_panicked.load(Ordering::Relaxed),
-            pending: q.held() as u64,
+            pending: q.held_weight(),
         }
     }
 }
@@ -382,20 +450,37 @@ impl Delivery {
     /// [`DeliveryConfig::validate`] (the exporters check it); a zero queue capacity
     /// holds one payload.
     pub fn start(name: &'static str, cfg: DeliveryConfig, transport: impl Transport) -> Delivery {
-        Delivery::start_on(name, cfg, transport, Clock::Real)
+        Delivery::start_on(name, "profiles", cfg, transport, Clock::Real)
+    }
+
+    /// [`Delivery::start`] for payloads that each carry a number of `items` (the
+    /// log's word for them: `spans`), queued with [`Delivery::enqueue_items`]; the
+    /// counters count items.
+    pub fn start_for(
+        name: &'static str,
+        items: &'static str,
+        cfg: DeliveryConfig,
+        transport: impl Transport,
+    ) -> Delivery {
+        Delivery::start_on(name, items, cfg, transport, Clock::Real)
     }
 
     fn start_on(
         name: &'static str,
+        items: &'static str,
         cfg: DeliveryConfig,
         transport: impl Transport,
         clock: Clock,
     ) -> Delivery {
         let shared = Arc::new(Shared {
             name,
+            items,
             queue: Mutex::new(Queue {
                 items: VecDeque::new(),
+                bytes: 0,
                 in_flight: InFlight::None,
+                in_flight_weight: 0,
+                in_flight_bytes: 0,
                 abandon_in_flight: false,
                 closing: None,
                 dead: false,
@@ -420,7 +505,7 @@ impl Delivery {
                             run(shared, transport, clock)
                         }))
                     {
-                        guarded.lost_to_panic("the sender thread", &*panic);
+                        guarded.lost_to_panic("the sender thread", &*panic, 0);
                         guarded.sender_ended();
                     }
                 })
@@ -440,7 +525,12 @@ impl Delivery {
     /// is dropped to make room (counted in `dropped_queue_full`). Returns false (and
     /// counts it) when the payload itself is not kept: after shutdown began.
     pub fn enqueue(&self, payload: Vec<u8>) -> bool {
-        self.shared.enqueue(payload)
+        self.shared.enqueue(payload, 1)
+    }
+
+    /// [`Delivery::enqueue`] of a payload carrying `items` items (spans of a batch).
+    pub fn enqueue_items(&self, payload: Vec<u8>, items: u64) -> bool {
+        self.shared.enqueue(payload, items)
     }
 
     /// The counters.
@@ -653,10 +743,12 @@ fn run(shared: Arc<Shared>, transport: impl Transport, clock: Clock) {
         outage: None,
         last_outage_logged: None,
     };
-    while let Some(payload) = next_payload(&shared) {
-        sender.deliver(&payload);
+    while let Some(item) = next_payload(&shared) {
+        sender.deliver(&item.payload, item.weight);
         let mut q = shared.lock();
         q.in_flight = InFlight::None;
+        q.in_flight_weight = 0;
+        q.in_flight_bytes = 0;
         q.abandon_in_flight = false;
     }
     // Neither wait for nor drop-block on the transport's leftovers (a DNS lookup on a
@@ -667,20 +759,23 @@ fn run(shared: Arc<Shared>, transport: impl Transport, clock: Clock) {
 /// The next payload to send (marked in flight), or `None` when the sink is closing
 /// and its queue is empty or its deadline has passed (what is left is counted as
 /// dropped at shutdown).
-fn next_payload(shared: &Shared) -> Option<Vec<u8>> {
+fn next_payload(shared: &Shared) -> Option<Item> {
     let mut q = shared.lock();
     loop {
         if let Some(d) = q.closing
             && (q.items.is_empty() || Instant::now() >= d)
         {
-            let left = q.items.len() as u64;
+            let left = q.items.iter().map(|i| i.weight).sum();
             q.items.clear();
+            q.bytes = 0;
             shared.count(|c| &c.dropped_shutdown, left);
             return None;
         }
-        if let Some(p) = q.items.pop_front() {
+        if let Some(item) = q.pop_front() {
             q.in_flight = InFlight::Sending;
-            return Some(p);
+            q.in_flight_weight = item.weight;
+            q.in_flight_bytes = item.payload.len();
+            return Some(item);
         }
         q = shared.cv.wait(q).unwrap_or_else(|e| e.into_inner());
     }
@@ -713,47 +808,48 @@ struct Outage {
 impl<T: Transport> Sender<'_, T> {
     /// Sends one payload, retrying with backoff while that can help; every way it
     /// can end is counted.
-    fn deliver(&mut self, payload: &[u8]) {
+    fn deliver(&mut self, payload: &[u8], weight: u64) {
         let shared = self.shared;
+        let items = shared.items;
         let mut attempts = 0u32;
         loop {
             attempts += 1;
             match attempt(self.rt, shared, self.transport, payload) {
                 Attempt::Done(Ok(())) => {
-                    shared.count(|c| &c.sent, 1);
+                    shared.count(|c| &c.sent, weight);
                     self.backoff.reset();
                     self.recovered();
                     return;
                 }
                 Attempt::Done(Err(SendError::Rejected { status, message })) => {
-                    shared.count(|c| &c.dropped_rejected, 1);
+                    shared.count(|c| &c.dropped_rejected, weight);
                     self.backoff.reset();
                     if self.logged_status.insert(status) {
                         tracing::warn!(
                             sink = shared.name,
                             status = %status,
                             message = %message,
-                            "spanprof: the server rejected a profile; not retrying (logged once per status)"
+                            "spanprof: the server rejected {items}; not retrying (logged once per status)"
                         );
                     }
                     return;
                 }
                 Attempt::Cut => {
-                    shared.count(|c| &c.dropped_shutdown, 1);
+                    shared.count(|c| &c.dropped_shutdown, weight);
                     return;
                 }
                 Attempt::Panicked(panic) => {
-                    shared.lost_to_panic("a send", &*panic);
+                    shared.lost_to_panic("a send", &*panic, weight);
                     return;
                 }
                 Attempt::Done(Err(SendError::Retryable(why))) => {
                     self.failed(&why);
                     if shared.cfg.max_attempts.is_some_and(|max| attempts >= max) {
-                        shared.count(|c| &c.dropped_retries_exhausted, 1);
-                        tracing::warn!(sink = shared.name, error = %why, attempts, "spanprof: dropping a profile after retries");
+                        shared.count(|c| &c.dropped_retries_exhausted, weight);
+                        tracing::warn!(sink = shared.name, error = %why, attempts, "spanprof: dropping {items} after retries");
                         return;
                     }
-                    if !self.wait_to_retry(&why, attempts) {
+                    if !self.wait_to_retry(&why, attempts, weight) {
                         return;
                     }
                 }
@@ -778,10 +874,11 @@ impl<T: Transport> Sender<'_, T> {
                         sink = name,
                         error = %why,
                         "spanprof: the {name} sink is failing ({why}); retrying with backoff (up to {:?}) while \
-                         its queue holds {} profiles, dropping the oldest past that (counted); logged again when it \
-                         recovers",
+                         its queue holds {} payloads ({} MiB), dropping the oldest past that (counted); logged again \
+                         when it recovers",
                         shared.cfg.max_backoff,
-                        shared.cfg.queue_capacity
+                        shared.cfg.queue_capacity,
+                        shared.cfg.max_queue_bytes >> 20
                     );
                 } else {
                     tracing::debug!(sink = name, error = %why, "spanprof: the {name} sink is failing again");
@@ -798,9 +895,10 @@ impl<T: Transport> Sender<'_, T> {
                 tracing::warn!(
                     sink = name,
                     error = %why,
-                    "spanprof: the {name} sink is still failing after {:.0} s ({why}): {} profiles dropped so far",
+                    "spanprof: the {name} sink is still failing after {:.0} s ({why}): {} {} dropped so far",
                     now.duration_since(o.since).as_secs_f64(),
-                    shared.stats().dropped() - o.dropped_before
+                    shared.stats().dropped() - o.dropped_before,
+                    shared.items
                 );
             }
             Some(_) => {}
@@ -819,7 +917,8 @@ impl<T: Transport> Sender<'_, T> {
             tracing::warn!(
                 sink = name,
                 dropped,
-                "spanprof: the {name} sink recovered after {lasted:.1} s; {dropped} profiles dropped meanwhile"
+                "spanprof: the {name} sink recovered after {lasted:.1} s; {dropped} {} dropped meanwhile",
+                self.shared.items
             );
         } else {
             tracing::debug!(
@@ -833,14 +932,14 @@ impl<T: Transport> Sender<'_, T> {
     /// Waits out the backoff before another attempt. False (the payload counted as
     /// dropped, or already counted when it was dropped to make room) when the retry
     /// would come after shutdown's deadline or the payload was abandoned meanwhile.
-    fn wait_to_retry(&mut self, why: &str, attempts: u32) -> bool {
+    fn wait_to_retry(&mut self, why: &str, attempts: u32, weight: u64) -> bool {
         let shared = self.shared;
         let wait = self.backoff.next_wait();
         {
             let mut q = shared.lock();
             if q.closing.is_some_and(|d| Instant::now() + wait >= d) {
                 // The retry would come after shutdown's deadline.
-                shared.count(|c| &c.dropped_shutdown, 1);
+                shared.count(|c| &c.dropped_shutdown, weight);
                 return false;
             }
             q.in_flight = InFlight::Waiting;
@@ -853,7 +952,7 @@ impl<T: Transport> Sender<'_, T> {
             return false;
         }
         if !again {
-            shared.count(|c| &c.dropped_shutdown, 1);
+            shared.count(|c| &c.dropped_shutdown, weight);
             return false;
         }
         q.in_flight = InFlight::Sending;
@@ -906,6 +1005,7 @@ mod tests {
     fn start_with(transport: impl Transport, payloads: u8) -> Delivery {
         let d = Delivery::start_on(
             "virtual",
+            "profiles",
             DeliveryConfig::default(),
             transport,
             Clock::Paused,
@@ -974,6 +1074,33 @@ mod tests {
             got.ends_with(&(made - 57..made).collect::<Vec<_>>()),
             "{got:?}"
         );
+    }
+
+    /// Past `max_queue_bytes`, the oldest payloads make room, and the counters count
+    /// the items the payloads carry (spans of a batch), not payloads.
+    #[test]
+    fn the_queue_is_bounded_by_bytes_and_counts_items() {
+        let server = Server::default();
+        server.down.store(true, Ordering::Relaxed);
+        let cfg = DeliveryConfig {
+            max_queue_bytes: 10,
+            ..DeliveryConfig::default()
+        };
+        let d = Delivery::start_on("virtual", "spans", cfg, server.clone(), Clock::Paused);
+        for n in 0..5u8 {
+            assert!(d.enqueue_items(vec![n; 4], 3));
+        }
+        let during = d.stats();
+        // 4-byte payloads under 10 bytes: two held (one may be in flight).
+        assert_eq!(during.pending, 6, "{during:?}");
+        assert_eq!(during.dropped_queue_full, 9, "{during:?}");
+        assert_eq!(during.queued, 15, "{during:?}");
+        server.down.store(false, Ordering::Relaxed);
+        wait_until("the queue to drain", || d.stats().pending == 0);
+        let stats = d.shutdown(Duration::from_secs(1));
+        assert_eq!((stats.sent, stats.dropped()), (6, 9), "{stats:?}");
+        let got: Vec<u8> = server.got.lock().unwrap().iter().map(|p| p[0]).collect();
+        assert_eq!(got, [3, 4], "the newest kept");
     }
 
     /// A refusal is final: counted once per payload, never retried, and the next

@@ -76,10 +76,10 @@ impl Exporter {
                         let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());
                         match payload {
                             Ok(Some(p)) if !g.abandoned => {
-                                queue.enqueue(p);
+                                queue.enqueue(p, 1);
                             }
                             Ok(_) => {}
-                            Err(panic) => queue.lost_to_panic("taking a profile", &*panic),
+                            Err(panic) => queue.lost_to_panic("taking a profile", &*panic, 1),
                         }
                         if stopped {
                             g.done = true;
