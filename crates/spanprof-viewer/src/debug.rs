@@ -26,6 +26,8 @@ use axum::routing::get;
 use serde::Deserialize;
 use spanprof_core::{Profile, Profiler};
 
+use crate::guard::{AllowedHosts, Mount, refuse_foreign};
+
 /// The path of the profile endpoint.
 pub const DEBUG_PROFILE_PATH: &str = "/debug/spanprof/profile";
 /// Longest `seconds` accepted.
@@ -105,16 +107,38 @@ struct Params {
     trace_id: Option<String>,
 }
 
-/// The router serving [`DEBUG_PROFILE_PATH`]. Mount it in an axum app, or serve it
-/// from plain hyper through `hyper_util::service::TowerToHyperService` (it is a
-/// `tower::Service`). Bind it to loopback: profiles show function names. Its
-/// `?seconds=` captures run their full length; [`crate::Viewer::router`] serves the
-/// same endpoint with captures that [`crate::Viewer::close`] ends early.
+/// Builds the router serving [`DEBUG_PROFILE_PATH`]. Mount it in an axum app, or
+/// serve it from plain hyper through `hyper_util::service::TowerToHyperService` (it
+/// is a `tower::Service`). Bind it to loopback: profiles show function names. It
+/// answers requests addressed to a loopback name ([`crate::DEFAULT_ALLOWED_HOSTS`],
+/// any port) and refuses the others with 403; [`debug_router_with_hosts`] allows
+/// more names. Its `?seconds=` captures run their full length;
+/// [`crate::Viewer::router`] serves the same endpoint with captures that
+/// [`crate::Viewer::close`] ends early.
 pub fn debug_router(profiler: Profiler) -> Router {
-    router(profiler, Closing::never())
+    debug_router_with_hosts(profiler, std::iter::empty::<&str>())
 }
 
-/// The endpoint, its captures ended early by `closing`.
+/// Builds [`debug_router`] answering requests addressed to each of `hosts` as
+/// well: host names or IP addresses as clients write them in the URL (ports are
+/// ignored), e.g. `["profiler.internal"]` behind a proxy. Requests with another
+/// `Host`, or an `Origin` other than `http://` and an allowed name, get 403.
+pub fn debug_router_with_hosts<I>(profiler: Profiler, hosts: I) -> Router
+where
+    I: IntoIterator,
+    I::Item: AsRef<str>,
+{
+    let mut allowed = AllowedHosts::default();
+    for host in hosts {
+        allowed.allow(host.as_ref());
+    }
+    let check = allowed.check(Mount::ProfileEndpoint, None);
+    router(profiler, Closing::never())
+        .route_layer(axum::middleware::from_fn_with_state(check, refuse_foreign))
+}
+
+/// The endpoint, its captures ended early by `closing`; it checks no hosts (the
+/// caller does).
 pub(crate) fn router(profiler: Profiler, closing: Closing) -> Router {
     Router::new()
         .route(DEBUG_PROFILE_PATH, get(profile))

@@ -21,6 +21,7 @@ use spanprof_core::Profiler;
 use tokio::sync::Semaphore;
 
 use crate::flame;
+use crate::guard::{AllowedHosts, Mount, refuse_foreign};
 use crate::spans::RecentSpans;
 
 /// Where the viewer is mounted.
@@ -38,6 +39,7 @@ pub struct Viewer {
     renders: Arc<Semaphore>,
     close: Arc<tokio::sync::watch::Sender<bool>>,
     closing: crate::debug::Closing,
+    hosts: AllowedHosts,
 }
 
 impl Viewer {
@@ -50,7 +52,23 @@ impl Viewer {
             renders: Arc::new(Semaphore::new(MAX_CONCURRENT_RENDERS)),
             close: Arc::new(close),
             closing,
+            hosts: AllowedHosts::default(),
         }
+    }
+
+    /// Answers requests addressed to `name` too: a host name or IP address as
+    /// clients write it in the URL (a port is ignored), e.g. `profiler.internal`
+    /// behind a proxy, or the machine's address when bound to `0.0.0.0`. Defaults
+    /// to none: the viewer answers the loopback names ([`DEFAULT_ALLOWED_HOSTS`],
+    /// any port) and the address [`serve`] or [`ViewerThread`] bound. Requests
+    /// with another `Host`, or an `Origin` other than `http://` and one of these,
+    /// get 403, so that a web page cannot point a name of its own at this machine
+    /// and read the profiles.
+    ///
+    /// [`DEFAULT_ALLOWED_HOSTS`]: crate::DEFAULT_ALLOWED_HOSTS
+    pub fn allow_host(mut self, name: impl AsRef<str>) -> Self {
+        self.hosts.allow(name.as_ref());
+        self
     }
 
     /// Ends the `/debug/spanprof/profile?seconds=` captures open on this viewer's
@@ -61,10 +79,13 @@ impl Viewer {
         self.close.send_replace(true);
     }
 
-    /// The router: mount it at the root of an axum app (its routes start with
+    /// Builds the router: mount it at the root of an axum app (its routes start with
     /// `/debug/spanprof/`), on a listener bound to loopback — not on a service's
     /// public listener: profiles show code, routes and timings. [`serve`] and
     /// [`ViewerThread`] give it a loopback listener of its own.
+    ///
+    /// Its routes answer requests addressed to a loopback name, on any port, or to a
+    /// name given to [`Viewer::allow_host`], and refuse the others with 403.
     ///
     /// | route | what |
     /// |---|---|
@@ -76,6 +97,12 @@ impl Viewer {
     /// | `GET /debug/spanprof/diff/{span_id}?minutes=` | differential flamegraph against its route's recent profile |
     /// | `GET /debug/spanprof/profile?span_id=…` | pprof download (also `?trace_id=`, `?seconds=`) |
     pub fn router(self) -> Router {
+        self.router_at(None)
+    }
+
+    /// The router served on `bound` (`None`: mounted by the user, address unknown).
+    fn router_at(self, bound: Option<SocketAddr>) -> Router {
+        let hosts = self.hosts.check(Mount::Viewer, bound);
         let api = Router::new()
             .route("/debug/spanprof/", get(index))
             .route("/debug/spanprof/api/traces", get(traces))
@@ -85,6 +112,7 @@ impl Viewer {
             .route("/debug/spanprof/diff/{span_id}", get(diff))
             .with_state(self.clone());
         api.merge(crate::debug::router(self.profiler, self.closing))
+            .route_layer(axum::middleware::from_fn_with_state(hosts, refuse_foreign))
     }
 }
 
@@ -95,7 +123,9 @@ pub enum Exposure {
     /// Loopback addresses only; a non-loopback address is refused.
     #[default]
     LoopbackOnly,
-    /// Any address: whoever reaches it sees the profiles.
+    /// Any address: whoever reaches it sees the profiles. Requests must still be
+    /// addressed to an allowed name: bound to `0.0.0.0`, give the name or address
+    /// clients use to [`Viewer::allow_host`].
     Remote,
 }
 
@@ -124,7 +154,7 @@ pub async fn serve(
     check_loopback(addr, exposure)?;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    let app = viewer.router();
+    let app = viewer.router_at(Some(bound));
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::warn!(error = %e, "spanprof viewer stopped");
@@ -178,7 +208,7 @@ impl ViewerThread {
                 rt.block_on(async move {
                     let served = match tokio::net::TcpListener::from_std(listener) {
                         Ok(listener) => {
-                            axum::serve(listener, viewer.router())
+                            axum::serve(listener, viewer.router_at(Some(bound)))
                                 .with_graceful_shutdown(async {
                                     let _ = stopped.await;
                                 })
