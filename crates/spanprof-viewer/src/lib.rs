@@ -4,6 +4,7 @@
 mod debug;
 mod flame;
 mod guard;
+mod query;
 mod router;
 mod spans;
 

@@ -12,16 +12,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse, Json, Response};
 use axum::routing::get;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use spanprof_core::Profiler;
 use tokio::sync::Semaphore;
 
 use crate::flame;
 use crate::guard::{AllowedHosts, Mount, refuse_foreign};
+use crate::query::{FromQuery, NoQuery, Params, QueryError, Strict};
 use crate::spans::RecentSpans;
 
 /// Where the viewer is mounted.
@@ -85,7 +86,9 @@ impl Viewer {
     /// [`ViewerThread`] give it a loopback listener of its own.
     ///
     /// Its routes answer requests addressed to a loopback name, on any port, or to a
-    /// name given to [`Viewer::allow_host`], and refuse the others with 403.
+    /// name given to [`Viewer::allow_host`], and refuse the others with 403. A
+    /// query parameter a route does not know, or cannot read, is answered 400
+    /// naming it.
     ///
     /// | route | what |
     /// |---|---|
@@ -95,7 +98,7 @@ impl Viewer {
     /// | `GET /debug/spanprof/api/spans/{span_id}/top?n=&by=self\|total` | top functions of a span and everything under it |
     /// | `GET /debug/spanprof/flamegraph/{span_id}` | its flamegraph (SVG) |
     /// | `GET /debug/spanprof/diff/{span_id}?minutes=` | differential flamegraph against its route's recent profile |
-    /// | `GET /debug/spanprof/profile?span_id=…` | pprof download (also `?trace_id=`, `?seconds=`) |
+    /// | `GET /debug/spanprof/profile?span_id=…` | pprof download (or `?trace_id=`, or `?seconds=`; `&type=cpu` allowed) |
     pub fn router(self) -> Router {
         self.router_at(None)
     }
@@ -280,20 +283,37 @@ async fn index() -> Html<&'static str> {
     Html(include_str!("../assets/index.html"))
 }
 
-#[derive(Deserialize)]
 struct TracesQuery {
+    /// Only traces whose root span's name contains it.
     route: Option<String>,
-    limit: Option<usize>,
+    limit: usize,
 }
 
-async fn traces(State(v): State<Viewer>, Query(q): Query<TracesQuery>) -> Response {
-    let route = q.route.filter(|r| !r.is_empty());
-    let limit = q.limit.unwrap_or(100).min(1000);
+impl FromQuery for TracesQuery {
+    const KNOWN: &'static [&'static str] = &["route", "limit"];
+
+    fn from_query(p: &Params) -> Result<Self, QueryError> {
+        Ok(TracesQuery {
+            route: p.text("route").filter(|r| !r.is_empty()).map(str::to_owned),
+            limit: p
+                .parsed::<usize>("limit", "a whole number")?
+                .unwrap_or(100)
+                .min(1000),
+        })
+    }
+}
+
+async fn traces(State(v): State<Viewer>, Strict(q): Strict<TracesQuery>) -> Response {
+    let TracesQuery { route, limit } = q;
     let spans = v.spans.clone();
     off_runtime(move || Json(spans.traces(route.as_deref(), limit)).into_response()).await
 }
 
-async fn trace(State(v): State<Viewer>, Path(trace_id): Path<String>) -> Response {
+async fn trace(
+    State(v): State<Viewer>,
+    Path(trace_id): Path<String>,
+    _: Strict<NoQuery>,
+) -> Response {
     let spans = v.spans.clone();
     off_runtime(move || match spans.trace(&trace_id) {
         Some(spans) => {
@@ -359,12 +379,35 @@ fn parse_span(span_id: &str) -> Result<u64, Box<Response>> {
     })
 }
 
-#[derive(Deserialize)]
 struct TopQuery {
-    n: Option<usize>,
-    /// `self` (default) or `total`: by total time without the runtime around the
-    /// span's own code (`Profile::top_functions_by_total`).
-    by: Option<String>,
+    n: usize,
+    /// By total time without the runtime around the span's own code
+    /// (`Profile::top_functions_by_total`) rather than by self time.
+    by_total: bool,
+}
+
+impl FromQuery for TopQuery {
+    const KNOWN: &'static [&'static str] = &["n", "by"];
+
+    fn from_query(p: &Params) -> Result<Self, QueryError> {
+        let by_total = match p.text("by") {
+            None | Some("self") => false,
+            Some("total") => true,
+            Some(other) => {
+                return Err(QueryError::Invalid {
+                    name: "by",
+                    value: other.to_owned(),
+                    expected: "self or total".to_owned(),
+                });
+            }
+        };
+        Ok(TopQuery {
+            n: p.parsed::<usize>("n", "a whole number")?
+                .unwrap_or(20)
+                .min(200),
+            by_total,
+        })
+    }
 }
 
 #[derive(Serialize)]
@@ -379,13 +422,13 @@ struct TopRow {
 async fn top(
     State(v): State<Viewer>,
     Path(span_id): Path<String>,
-    Query(q): Query<TopQuery>,
+    Strict(q): Strict<TopQuery>,
 ) -> Response {
     let span = span_id.clone();
     render_span(&v, &span_id, move |_, _, p| {
         let total = p.cpu_ns().max(1);
-        let n = q.n.unwrap_or(20).min(200);
-        let functions = if q.by.as_deref() == Some("total") {
+        let n = q.n;
+        let functions = if q.by_total {
             p.top_functions_by_total(n)
         } else {
             p.top_functions(n)
@@ -418,7 +461,11 @@ fn svg_response(r: Result<Vec<u8>, String>) -> Response {
     }
 }
 
-async fn flamegraph(State(v): State<Viewer>, Path(span_id): Path<String>) -> Response {
+async fn flamegraph(
+    State(v): State<Viewer>,
+    Path(span_id): Path<String>,
+    _: Strict<NoQuery>,
+) -> Response {
     render_span(&v, &span_id, |v, id, p| {
         let name = v
             .spans
@@ -432,15 +479,27 @@ async fn flamegraph(State(v): State<Viewer>, Path(span_id): Path<String>) -> Res
     .await
 }
 
-#[derive(Deserialize)]
 struct DiffQuery {
-    minutes: Option<u64>,
+    minutes: u64,
+}
+
+impl FromQuery for DiffQuery {
+    const KNOWN: &'static [&'static str] = &["minutes"];
+
+    fn from_query(p: &Params) -> Result<Self, QueryError> {
+        Ok(DiffQuery {
+            minutes: p
+                .parsed::<u64>("minutes", "a whole number")?
+                .unwrap_or(5)
+                .clamp(1, 60),
+        })
+    }
 }
 
 async fn diff(
     State(v): State<Viewer>,
     Path(span_id): Path<String>,
-    Query(q): Query<DiffQuery>,
+    Strict(q): Strict<DiffQuery>,
 ) -> Response {
     render_span(&v, &span_id, move |v, id, p| {
         let Some(route) = p
@@ -450,7 +509,7 @@ async fn diff(
         else {
             return (StatusCode::NOT_FOUND, "the span has no route".to_owned()).into_response();
         };
-        let minutes = q.minutes.unwrap_or(5).clamp(1, 60);
+        let minutes = q.minutes;
         let baseline = v
             .profiler
             .store()
