@@ -2,7 +2,9 @@
 //! `?seconds=N` returns a labelled CPU profile of the next N seconds, so
 //! `go tool pprof http://127.0.0.1:PORT/debug/spanprof/profile?seconds=5` just works;
 //! `?span_id=<16 hex>` and `?trace_id=<32 hex>` return a span's (with everything
-//! under it) or a trace's profile from the store.
+//! under it) or a trace's profile from the store. `?type=cpu` may be added: CPU
+//! profiles are the only type served. Any other parameter, or a value it cannot
+//! read, is answered 400 before a capture starts.
 //!
 //! A `?seconds=` capture open when the viewer stops ([`crate::Viewer::close`],
 //! [`crate::ViewerThread::stop`]) ends early and answers what it collected, so a
@@ -19,12 +21,14 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use serde::Deserialize;
 use spanprof_core::{Profile, Profiler};
+
+use crate::guard::{AllowedHosts, Mount, refuse_foreign};
+use crate::query::{FromQuery, Params, QueryError, Strict};
 
 /// The path of the profile endpoint.
 pub const DEBUG_PROFILE_PATH: &str = "/debug/spanprof/profile";
@@ -98,23 +102,109 @@ fn refuse_window(seconds: u64) -> Response {
         .into_response()
 }
 
-#[derive(Debug, Deserialize)]
-struct Params {
-    seconds: Option<String>,
-    span_id: Option<String>,
-    trace_id: Option<String>,
+/// The profile type the endpoint serves (`?type=`).
+const PROFILE_TYPE: &str = "cpu";
+
+/// What `/debug/spanprof/profile` was asked for.
+#[derive(Debug)]
+enum ProfileQuery {
+    /// A span and everything under it, from the store.
+    Span { id: u64, hex: String },
+    /// A trace, from the store.
+    Trace { id: u128, hex: String },
+    /// The next `seconds`.
+    Window { seconds: u64 },
 }
 
-/// The router serving [`DEBUG_PROFILE_PATH`]. Mount it in an axum app, or serve it
-/// from plain hyper through `hyper_util::service::TowerToHyperService` (it is a
-/// `tower::Service`). Bind it to loopback: profiles show function names. Its
-/// `?seconds=` captures run their full length; [`crate::Viewer::router`] serves the
-/// same endpoint with captures that [`crate::Viewer::close`] ends early.
+impl FromQuery for ProfileQuery {
+    const KNOWN: &'static [&'static str] = &["seconds", "span_id", "trace_id", "type"];
+
+    fn from_query(p: &Params) -> Result<Self, QueryError> {
+        if let Some(kind) = p.text("type").filter(|k| *k != PROFILE_TYPE) {
+            return Err(QueryError::Invalid {
+                name: "type",
+                value: kind.to_owned(),
+                expected: format!("{PROFILE_TYPE}, the only profile type served"),
+            });
+        }
+        let given: Vec<&str> = ["span_id", "trace_id", "seconds"]
+            .into_iter()
+            .filter(|n| p.text(n).is_some())
+            .collect();
+        if given.len() > 1 {
+            return Err(QueryError::Conflict(format!(
+                "query parameters {} cannot go together: give one of span_id, trace_id or seconds",
+                given.join(" and ")
+            )));
+        }
+        let invalid = |name, value: &str, expected: &str| QueryError::Invalid {
+            name,
+            value: value.to_owned(),
+            expected: expected.to_owned(),
+        };
+        if let Some(span) = p.text("span_id") {
+            let id = u64::from_str_radix(span, 16)
+                .map_err(|_| invalid("span_id", span, "16 hex digits"))?;
+            Ok(ProfileQuery::Span {
+                id,
+                hex: span.to_owned(),
+            })
+        } else if let Some(trace) = p.text("trace_id") {
+            let id = u128::from_str_radix(trace, 16)
+                .map_err(|_| invalid("trace_id", trace, "32 hex digits"))?;
+            Ok(ProfileQuery::Trace {
+                id,
+                hex: trace.to_owned(),
+            })
+        } else {
+            let seconds = match p.text("seconds") {
+                None => 30,
+                Some(v) => v
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|s| (1..=MAX_SECONDS).contains(s))
+                    .ok_or_else(|| {
+                        let expected = format!("a whole number from 1 to {MAX_SECONDS}");
+                        invalid("seconds", v, &expected)
+                    })?,
+            };
+            Ok(ProfileQuery::Window { seconds })
+        }
+    }
+}
+
+/// Builds the router serving [`DEBUG_PROFILE_PATH`]. Mount it in an axum app, or
+/// serve it from plain hyper through `hyper_util::service::TowerToHyperService` (it
+/// is a `tower::Service`). Bind it to loopback: profiles show function names. It
+/// answers requests addressed to a loopback name ([`crate::DEFAULT_ALLOWED_HOSTS`],
+/// any port) and refuses the others with 403; [`debug_router_with_hosts`] allows
+/// more names. Its `?seconds=` captures run their full length;
+/// [`crate::Viewer::router`] serves the same endpoint with captures that
+/// [`crate::Viewer::close`] ends early.
 pub fn debug_router(profiler: Profiler) -> Router {
-    router(profiler, Closing::never())
+    debug_router_with_hosts(profiler, std::iter::empty::<&str>())
 }
 
-/// The endpoint, its captures ended early by `closing`.
+/// Builds [`debug_router`] answering requests addressed to each of `hosts` as
+/// well: host names or IP addresses as clients write them in the URL (ports are
+/// ignored), e.g. `["profiler.internal"]` behind a proxy. Requests with another
+/// `Host`, or an `Origin` other than `http://` and an allowed name, get 403.
+pub fn debug_router_with_hosts<I>(profiler: Profiler, hosts: I) -> Router
+where
+    I: IntoIterator,
+    I::Item: AsRef<str>,
+{
+    let mut allowed = AllowedHosts::default();
+    for host in hosts {
+        allowed.allow(host.as_ref());
+    }
+    let check = allowed.check(Mount::ProfileEndpoint, None);
+    router(profiler, Closing::never())
+        .route_layer(axum::middleware::from_fn_with_state(check, refuse_foreign))
+}
+
+/// The endpoint, its captures ended early by `closing`; it checks no hosts (the
+/// caller does).
 pub(crate) fn router(profiler: Profiler, closing: Closing) -> Router {
     Router::new()
         .route(DEBUG_PROFILE_PATH, get(profile))
@@ -152,10 +242,6 @@ impl Closing {
             std::future::pending::<()>().await;
         }
     }
-}
-
-fn bad(msg: String) -> Response {
-    (StatusCode::BAD_REQUEST, msg).into_response()
 }
 
 /// Runs `f` on the blocking pool: flushing, reading the store and encoding cost CPU
@@ -200,42 +286,37 @@ async fn from_store(
     .await
 }
 
-async fn profile(State(endpoint): State<Endpoint>, Query(p): Query<Params>) -> Response {
+async fn profile(
+    State(endpoint): State<Endpoint>,
+    Strict(query): Strict<ProfileQuery>,
+) -> Response {
     let Endpoint { profiler, closing } = endpoint;
-    if let Some(span) = p.span_id {
-        let Ok(id) = u64::from_str_radix(&span, 16) else {
-            return bad(format!("span_id `{span}` is not 16 hex digits"));
-        };
-        from_store(profiler, format!("span {span}"), move |s| s.span_tree(id)).await
-    } else if let Some(trace) = p.trace_id {
-        let Ok(id) = u128::from_str_radix(&trace, 16) else {
-            return bad(format!("trace_id `{trace}` is not 32 hex digits"));
-        };
-        from_store(profiler, format!("trace {trace}"), move |s| s.trace(id)).await
-    } else {
-        let seconds = match p.seconds.as_deref().map(str::parse::<u64>) {
-            None => 30,
-            Some(Ok(s)) if (1..=MAX_SECONDS).contains(&s) => s,
-            Some(_) => {
-                return bad(format!(
-                    "seconds must be a whole number from 1 to {MAX_SECONDS}"
-                ));
-            }
-        };
-        let Some(slot) = WindowSlot::take() else {
-            return refuse_window(seconds);
-        };
-        let window = profiler.window(spanprof_core::DEFAULT_WINDOW_ENTRIES);
-        tokio::select! {
-            () = tokio::time::sleep(Duration::from_secs(seconds)) => {}
-            // Stopping: what was collected so far, now.
-            () = closing.closed() => {}
+    match query {
+        ProfileQuery::Span { id, hex } => {
+            from_store(profiler, format!("span {hex}"), move |s| s.span_tree(id)).await
         }
-        off_runtime(move || {
-            let _slot = slot;
-            profiler.flush();
-            pprof(&window.take())
-        })
-        .await
+        ProfileQuery::Trace { id, hex } => {
+            from_store(profiler, format!("trace {hex}"), move |s| s.trace(id)).await
+        }
+        ProfileQuery::Window { seconds } => window(profiler, closing, seconds).await,
     }
+}
+
+/// A profile of the next `seconds` (or until `closing`), if a window is free.
+async fn window(profiler: Profiler, closing: Closing, seconds: u64) -> Response {
+    let Some(slot) = WindowSlot::take() else {
+        return refuse_window(seconds);
+    };
+    let window = profiler.window(spanprof_core::DEFAULT_WINDOW_ENTRIES);
+    tokio::select! {
+        () = tokio::time::sleep(Duration::from_secs(seconds)) => {}
+        // Stopping: what was collected so far, now.
+        () = closing.closed() => {}
+    }
+    off_runtime(move || {
+        let _slot = slot;
+        profiler.flush();
+        pprof(&window.take())
+    })
+    .await
 }

@@ -12,15 +12,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse, Json, Response};
 use axum::routing::get;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use spanprof_core::Profiler;
 use tokio::sync::Semaphore;
 
 use crate::flame;
+use crate::guard::{AllowedHosts, Mount, refuse_foreign};
+use crate::query::{FromQuery, NoQuery, Params, QueryError, Strict};
 use crate::spans::RecentSpans;
 
 /// Where the viewer is mounted.
@@ -38,6 +40,7 @@ pub struct Viewer {
     renders: Arc<Semaphore>,
     close: Arc<tokio::sync::watch::Sender<bool>>,
     closing: crate::debug::Closing,
+    hosts: AllowedHosts,
 }
 
 impl Viewer {
@@ -50,7 +53,23 @@ impl Viewer {
             renders: Arc::new(Semaphore::new(MAX_CONCURRENT_RENDERS)),
             close: Arc::new(close),
             closing,
+            hosts: AllowedHosts::default(),
         }
+    }
+
+    /// Answers requests addressed to `name` too: a host name or IP address as
+    /// clients write it in the URL (a port is ignored), e.g. `profiler.internal`
+    /// behind a proxy, or the machine's address when bound to `0.0.0.0`. Defaults
+    /// to none: the viewer answers the loopback names ([`DEFAULT_ALLOWED_HOSTS`],
+    /// any port) and the address [`serve`] or [`ViewerThread`] bound. Requests
+    /// with another `Host`, or an `Origin` other than `http://` and one of these,
+    /// get 403, so that a web page cannot point a name of its own at this machine
+    /// and read the profiles.
+    ///
+    /// [`DEFAULT_ALLOWED_HOSTS`]: crate::DEFAULT_ALLOWED_HOSTS
+    pub fn allow_host(mut self, name: impl AsRef<str>) -> Self {
+        self.hosts.allow(name.as_ref());
+        self
     }
 
     /// Ends the `/debug/spanprof/profile?seconds=` captures open on this viewer's
@@ -61,10 +80,15 @@ impl Viewer {
         self.close.send_replace(true);
     }
 
-    /// The router: mount it at the root of an axum app (its routes start with
+    /// Builds the router: mount it at the root of an axum app (its routes start with
     /// `/debug/spanprof/`), on a listener bound to loopback — not on a service's
     /// public listener: profiles show code, routes and timings. [`serve`] and
     /// [`ViewerThread`] give it a loopback listener of its own.
+    ///
+    /// Its routes answer requests addressed to a loopback name, on any port, or to a
+    /// name given to [`Viewer::allow_host`], and refuse the others with 403. A
+    /// query parameter a route does not know, or cannot read, is answered 400
+    /// naming it.
     ///
     /// | route | what |
     /// |---|---|
@@ -74,8 +98,14 @@ impl Viewer {
     /// | `GET /debug/spanprof/api/spans/{span_id}/top?n=&by=self\|total` | top functions of a span and everything under it |
     /// | `GET /debug/spanprof/flamegraph/{span_id}` | its flamegraph (SVG) |
     /// | `GET /debug/spanprof/diff/{span_id}?minutes=` | differential flamegraph against its route's recent profile |
-    /// | `GET /debug/spanprof/profile?span_id=…` | pprof download (also `?trace_id=`, `?seconds=`) |
+    /// | `GET /debug/spanprof/profile?span_id=…` | pprof download (or `?trace_id=`, or `?seconds=`; `&type=cpu` allowed) |
     pub fn router(self) -> Router {
+        self.router_at(None)
+    }
+
+    /// The router served on `bound` (`None`: mounted by the user, address unknown).
+    fn router_at(self, bound: Option<SocketAddr>) -> Router {
+        let hosts = self.hosts.check(Mount::Viewer, bound);
         let api = Router::new()
             .route("/debug/spanprof/", get(index))
             .route("/debug/spanprof/api/traces", get(traces))
@@ -85,6 +115,7 @@ impl Viewer {
             .route("/debug/spanprof/diff/{span_id}", get(diff))
             .with_state(self.clone());
         api.merge(crate::debug::router(self.profiler, self.closing))
+            .route_layer(axum::middleware::from_fn_with_state(hosts, refuse_foreign))
     }
 }
 
@@ -95,7 +126,9 @@ pub enum Exposure {
     /// Loopback addresses only; a non-loopback address is refused.
     #[default]
     LoopbackOnly,
-    /// Any address: whoever reaches it sees the profiles.
+    /// Any address: whoever reaches it sees the profiles. Requests must still be
+    /// addressed to an allowed name: bound to `0.0.0.0`, give the name or address
+    /// clients use to [`Viewer::allow_host`].
     Remote,
 }
 
@@ -124,7 +157,7 @@ pub async fn serve(
     check_loopback(addr, exposure)?;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    let app = viewer.router();
+    let app = viewer.router_at(Some(bound));
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::warn!(error = %e, "spanprof viewer stopped");
@@ -178,7 +211,7 @@ impl ViewerThread {
                 rt.block_on(async move {
                     let served = match tokio::net::TcpListener::from_std(listener) {
                         Ok(listener) => {
-                            axum::serve(listener, viewer.router())
+                            axum::serve(listener, viewer.router_at(Some(bound)))
                                 .with_graceful_shutdown(async {
                                     let _ = stopped.await;
                                 })
@@ -250,20 +283,37 @@ async fn index() -> Html<&'static str> {
     Html(include_str!("../assets/index.html"))
 }
 
-#[derive(Deserialize)]
 struct TracesQuery {
+    /// Only traces whose root span's name contains it.
     route: Option<String>,
-    limit: Option<usize>,
+    limit: usize,
 }
 
-async fn traces(State(v): State<Viewer>, Query(q): Query<TracesQuery>) -> Response {
-    let route = q.route.filter(|r| !r.is_empty());
-    let limit = q.limit.unwrap_or(100).min(1000);
+impl FromQuery for TracesQuery {
+    const KNOWN: &'static [&'static str] = &["route", "limit"];
+
+    fn from_query(p: &Params) -> Result<Self, QueryError> {
+        Ok(TracesQuery {
+            route: p.text("route").filter(|r| !r.is_empty()).map(str::to_owned),
+            limit: p
+                .parsed::<usize>("limit", "a whole number")?
+                .unwrap_or(100)
+                .min(1000),
+        })
+    }
+}
+
+async fn traces(State(v): State<Viewer>, Strict(q): Strict<TracesQuery>) -> Response {
+    let TracesQuery { route, limit } = q;
     let spans = v.spans.clone();
     off_runtime(move || Json(spans.traces(route.as_deref(), limit)).into_response()).await
 }
 
-async fn trace(State(v): State<Viewer>, Path(trace_id): Path<String>) -> Response {
+async fn trace(
+    State(v): State<Viewer>,
+    Path(trace_id): Path<String>,
+    _: Strict<NoQuery>,
+) -> Response {
     let spans = v.spans.clone();
     off_runtime(move || match spans.trace(&trace_id) {
         Some(spans) => {
@@ -329,12 +379,35 @@ fn parse_span(span_id: &str) -> Result<u64, Box<Response>> {
     })
 }
 
-#[derive(Deserialize)]
 struct TopQuery {
-    n: Option<usize>,
-    /// `self` (default) or `total`: by total time without the runtime around the
-    /// span's own code (`Profile::top_functions_by_total`).
-    by: Option<String>,
+    n: usize,
+    /// By total time without the runtime around the span's own code
+    /// (`Profile::top_functions_by_total`) rather than by self time.
+    by_total: bool,
+}
+
+impl FromQuery for TopQuery {
+    const KNOWN: &'static [&'static str] = &["n", "by"];
+
+    fn from_query(p: &Params) -> Result<Self, QueryError> {
+        let by_total = match p.text("by") {
+            None | Some("self") => false,
+            Some("total") => true,
+            Some(other) => {
+                return Err(QueryError::Invalid {
+                    name: "by",
+                    value: other.to_owned(),
+                    expected: "self or total".to_owned(),
+                });
+            }
+        };
+        Ok(TopQuery {
+            n: p.parsed::<usize>("n", "a whole number")?
+                .unwrap_or(20)
+                .min(200),
+            by_total,
+        })
+    }
 }
 
 #[derive(Serialize)]
@@ -349,13 +422,13 @@ struct TopRow {
 async fn top(
     State(v): State<Viewer>,
     Path(span_id): Path<String>,
-    Query(q): Query<TopQuery>,
+    Strict(q): Strict<TopQuery>,
 ) -> Response {
     let span = span_id.clone();
     render_span(&v, &span_id, move |_, _, p| {
         let total = p.cpu_ns().max(1);
-        let n = q.n.unwrap_or(20).min(200);
-        let functions = if q.by.as_deref() == Some("total") {
+        let n = q.n;
+        let functions = if q.by_total {
             p.top_functions_by_total(n)
         } else {
             p.top_functions(n)
@@ -388,7 +461,11 @@ fn svg_response(r: Result<Vec<u8>, String>) -> Response {
     }
 }
 
-async fn flamegraph(State(v): State<Viewer>, Path(span_id): Path<String>) -> Response {
+async fn flamegraph(
+    State(v): State<Viewer>,
+    Path(span_id): Path<String>,
+    _: Strict<NoQuery>,
+) -> Response {
     render_span(&v, &span_id, |v, id, p| {
         let name = v
             .spans
@@ -402,15 +479,27 @@ async fn flamegraph(State(v): State<Viewer>, Path(span_id): Path<String>) -> Res
     .await
 }
 
-#[derive(Deserialize)]
 struct DiffQuery {
-    minutes: Option<u64>,
+    minutes: u64,
+}
+
+impl FromQuery for DiffQuery {
+    const KNOWN: &'static [&'static str] = &["minutes"];
+
+    fn from_query(p: &Params) -> Result<Self, QueryError> {
+        Ok(DiffQuery {
+            minutes: p
+                .parsed::<u64>("minutes", "a whole number")?
+                .unwrap_or(5)
+                .clamp(1, 60),
+        })
+    }
 }
 
 async fn diff(
     State(v): State<Viewer>,
     Path(span_id): Path<String>,
-    Query(q): Query<DiffQuery>,
+    Strict(q): Strict<DiffQuery>,
 ) -> Response {
     render_span(&v, &span_id, move |v, id, p| {
         let Some(route) = p
@@ -420,7 +509,7 @@ async fn diff(
         else {
             return (StatusCode::NOT_FOUND, "the span has no route".to_owned()).into_response();
         };
-        let minutes = q.minutes.unwrap_or(5).clamp(1, 60);
+        let minutes = q.minutes;
         let baseline = v
             .profiler
             .store()
