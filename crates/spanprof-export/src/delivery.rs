@@ -248,16 +248,20 @@ enum InFlight {
     Waiting,
 }
 
-/// A queued payload and how many items (profiles, spans) it carries.
+/// A queued payload, how many items (profiles, spans) it carries, and its number in
+/// the order of queueing.
 struct Item {
     payload: Vec<u8>,
     weight: u64,
+    seq: u64,
 }
 
 struct Queue {
     items: VecDeque<Item>,
     /// Bytes of `items`.
     bytes: usize,
+    /// The number the next payload gets.
+    next_seq: u64,
     in_flight: InFlight,
     /// The items and bytes of the payload in flight.
     in_flight_weight: u64,
@@ -322,6 +326,12 @@ pub(crate) struct Shared {
     cfg: DeliveryConfig,
     panic_logged: AtomicBool,
     started: Instant,
+    /// The payloads whose first attempt is over (all up to this number), with a
+    /// condition variable for [`Shared::wait_first_try`].
+    tried: Mutex<u64>,
+    tried_cv: Condvar,
+    /// The last attempt failed in a way worth retrying (an outage is under way).
+    failing: AtomicBool,
 }
 
 impl Shared {
@@ -335,14 +345,19 @@ impl Shared {
 
     /// Queues a payload without blocking (see [`Delivery::enqueue`]).
     pub(crate) fn enqueue(&self, payload: Vec<u8>, weight: u64) -> bool {
+        self.enqueue_seq(payload, weight).is_some()
+    }
+
+    /// [`Shared::enqueue`], returning the payload's number if it was kept.
+    pub(crate) fn enqueue_seq(&self, payload: Vec<u8>, weight: u64) -> Option<u64> {
         let mut q = self.lock();
         if q.dead {
             self.count(|c| &c.dropped_panicked, weight);
-            return false;
+            return None;
         }
         if q.closing.is_some() {
             self.count(|c| &c.dropped_shutdown, weight);
-            return false;
+            return None;
         }
         while q.held() >= self.cfg.queue_capacity.max(1)
             || (q.held() > 0 && q.held_bytes() + payload.len() > self.cfg.max_queue_bytes)
@@ -359,15 +374,57 @@ impl Shared {
             } else {
                 // Only a payload being sent is held: this one cannot wait.
                 self.count(|c| &c.dropped_queue_full, weight);
-                return false;
+                return None;
             }
         }
         q.bytes += payload.len();
-        q.items.push_back(Item { payload, weight });
+        q.next_seq += 1;
+        let seq = q.next_seq;
+        q.items.push_back(Item {
+            payload,
+            weight,
+            seq,
+        });
         self.count(|c| &c.queued, weight);
         drop(q);
         self.cv.notify_all();
-        true
+        Some(seq)
+    }
+
+    /// Whether the last attempt failed in a way worth retrying.
+    pub(crate) fn failing(&self) -> bool {
+        self.failing.load(Ordering::Relaxed)
+    }
+
+    /// Waits, at most `max`, until payload `seq` has had its first attempt (sent,
+    /// refused, or failed and queued for a retry), the sink is failing, or it
+    /// stopped. What a caller that wants `export` to mean "sent" while the server
+    /// answers, and "kept" while it does not, waits for.
+    pub(crate) fn wait_first_try(&self, seq: u64, max: Duration) {
+        let end = Instant::now() + max;
+        let mut tried = self.tried.lock().unwrap_or_else(|e| e.into_inner());
+        while *tried < seq && !self.failing() && {
+            let q = self.lock();
+            !q.dead && q.closing.is_none()
+        } {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            tried = self
+                .tried_cv
+                .wait_timeout(tried, left.min(Duration::from_millis(100)))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Payload `seq` had its first attempt.
+    fn first_try_done(&self, seq: u64) {
+        let mut tried = self.tried.lock().unwrap_or_else(|e| e.into_inner());
+        *tried = (*tried).max(seq);
+        drop(tried);
+        self.tried_cv.notify_all();
     }
 
     /// The sender thread ended early: drops (and counts) what it held, and every
@@ -478,6 +535,7 @@ impl Delivery {
             queue: Mutex::new(Queue {
                 items: VecDeque::new(),
                 bytes: 0,
+                next_seq: 0,
                 in_flight: InFlight::None,
                 in_flight_weight: 0,
                 in_flight_bytes: 0,
@@ -491,6 +549,9 @@ impl Delivery {
             cfg,
             panic_logged: AtomicBool::new(false),
             started: Instant::now(),
+            tried: Mutex::new(0),
+            tried_cv: Condvar::new(),
+            failing: AtomicBool::new(false),
         });
         let thread = {
             let shared = shared.clone();
@@ -578,6 +639,14 @@ impl Drop for Delivery {
             self.begin_close(Instant::now());
             self.finish_close_as(Stopped::Dropped);
         }
+    }
+}
+
+/// One payload, in the log: `a profile` (one item each), or `a batch of spans`.
+fn one_payload(items: &str) -> String {
+    match items.strip_suffix('s') {
+        Some(one) if items == "profiles" => format!("a {one}"),
+        _ => format!("a batch of {items}"),
     }
 }
 
@@ -744,7 +813,7 @@ fn run(shared: Arc<Shared>, transport: impl Transport, clock: Clock) {
         last_outage_logged: None,
     };
     while let Some(item) = next_payload(&shared) {
-        sender.deliver(&item.payload, item.weight);
+        sender.deliver(&item.payload, item.weight, item.seq);
         let mut q = shared.lock();
         q.in_flight = InFlight::None;
         q.in_flight_weight = 0;
@@ -808,13 +877,21 @@ struct Outage {
 impl<T: Transport> Sender<'_, T> {
     /// Sends one payload, retrying with backoff while that can help; every way it
     /// can end is counted.
-    fn deliver(&mut self, payload: &[u8], weight: u64) {
+    fn deliver(&mut self, payload: &[u8], weight: u64, seq: u64) {
         let shared = self.shared;
         let items = shared.items;
         let mut attempts = 0u32;
         loop {
             attempts += 1;
-            match attempt(self.rt, shared, self.transport, payload) {
+            let result = attempt(self.rt, shared, self.transport, payload);
+            shared.failing.store(
+                matches!(result, Attempt::Done(Err(SendError::Retryable(_)))),
+                Ordering::Relaxed,
+            );
+            if attempts == 1 {
+                shared.first_try_done(seq);
+            }
+            match result {
                 Attempt::Done(Ok(())) => {
                     shared.count(|c| &c.sent, weight);
                     self.backoff.reset();
@@ -829,7 +906,8 @@ impl<T: Transport> Sender<'_, T> {
                             sink = shared.name,
                             status = %status,
                             message = %message,
-                            "spanprof: the server rejected {items}; not retrying (logged once per status)"
+                            "spanprof: the server rejected {}; not retrying (logged once per status)",
+                            one_payload(items)
                         );
                     }
                     return;
@@ -846,7 +924,7 @@ impl<T: Transport> Sender<'_, T> {
                     self.failed(&why);
                     if shared.cfg.max_attempts.is_some_and(|max| attempts >= max) {
                         shared.count(|c| &c.dropped_retries_exhausted, weight);
-                        tracing::warn!(sink = shared.name, error = %why, attempts, "spanprof: dropping {items} after retries");
+                        tracing::warn!(sink = shared.name, error = %why, attempts, "spanprof: dropping {} after retries", one_payload(items));
                         return;
                     }
                     if !self.wait_to_retry(&why, attempts, weight) {

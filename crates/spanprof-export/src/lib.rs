@@ -10,6 +10,8 @@ mod files;
 mod http;
 #[cfg(feature = "otlp")]
 pub mod otlp;
+#[cfg(feature = "otlp")]
+mod otlp_spans;
 #[cfg(feature = "pyroscope")]
 pub mod pyroscope;
 mod retry;
@@ -25,6 +27,11 @@ pub use files::{
 };
 #[cfg(feature = "otlp")]
 pub use otlp::{OtlpProfilesConfig, OtlpProfilesExporter, OtlpProtocol};
+#[cfg(feature = "otlp")]
+pub use otlp_spans::{
+    DEFAULT_SPAN_QUEUE_BATCHES, DEFAULT_SPAN_QUEUE_BYTES, OtlpSpanExporter, OtlpSpansConfig,
+    SpanDeliveryHandle, TRACES_HTTP_PATH,
+};
 #[cfg(feature = "pyroscope")]
 pub use pyroscope::{PyroscopeAuth, PyroscopeConfig, PyroscopeExporter};
 

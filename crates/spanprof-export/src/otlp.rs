@@ -106,31 +106,147 @@ impl std::fmt::Display for OtlpProfilesConfig {
     }
 }
 
-/// The variable of `what` (`ENDPOINT`, `HEADERS`, …) that is set, the profiles one
+/// The OTLP signal whose variables are read (`OTEL_EXPORTER_OTLP_<SIGNAL>_*` before
+/// `OTEL_EXPORTER_OTLP_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Signal {
+    Profiles,
+    Traces,
+}
+
+/// The variable of `what` (`ENDPOINT`, `PROTOCOL`, …) that is set, the signal's one
 /// first: `(name, value)`.
-fn otel_var(var: &impl Fn(&str) -> Option<String>, what: &str) -> Option<(&'static str, String)> {
-    let names: [&'static str; 2] = match what {
-        "ENDPOINT" => [
+pub(crate) fn otel_var(
+    var: &impl Fn(&str) -> Option<String>,
+    signal: Signal,
+    what: &str,
+) -> Option<(&'static str, String)> {
+    let names: [&'static str; 2] = match (signal, what) {
+        (Signal::Profiles, "ENDPOINT") => [
             "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",
             "OTEL_EXPORTER_OTLP_ENDPOINT",
         ],
-        "PROTOCOL" => [
+        (Signal::Profiles, "PROTOCOL") => [
             "OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL",
             "OTEL_EXPORTER_OTLP_PROTOCOL",
         ],
-        "TIMEOUT" => [
+        (Signal::Profiles, "TIMEOUT") => [
             "OTEL_EXPORTER_OTLP_PROFILES_TIMEOUT",
             "OTEL_EXPORTER_OTLP_TIMEOUT",
         ],
-        "CERTIFICATE" => [
+        (Signal::Profiles, "CERTIFICATE") => [
             "OTEL_EXPORTER_OTLP_PROFILES_CERTIFICATE",
             "OTEL_EXPORTER_OTLP_CERTIFICATE",
+        ],
+        (Signal::Profiles, "HEADERS") => [
+            "OTEL_EXPORTER_OTLP_PROFILES_HEADERS",
+            "OTEL_EXPORTER_OTLP_HEADERS",
+        ],
+        (Signal::Traces, "ENDPOINT") => [
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+        ],
+        (Signal::Traces, "PROTOCOL") => [
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ],
+        (Signal::Traces, "TIMEOUT") => [
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+        ],
+        (Signal::Traces, "CERTIFICATE") => [
+            "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+        ],
+        (Signal::Traces, "HEADERS") => [
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+            "OTEL_EXPORTER_OTLP_HEADERS",
         ],
         _ => unreachable!("unknown OTLP setting {what}"),
     };
     names
         .into_iter()
         .find_map(|n| var(n).filter(|v| !v.trim().is_empty()).map(|v| (n, v)))
+}
+
+/// Where and how an OTLP signal is sent, as read from the environment: the part of
+/// the profiles' and the spans' configurations that is the same.
+pub(crate) struct OtlpTarget {
+    pub(crate) endpoint: String,
+    pub(crate) protocol: OtlpProtocol,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) request_timeout: Option<Duration>,
+    pub(crate) ca_certificates_pem: Option<Vec<u8>>,
+}
+
+impl OtlpTarget {
+    /// Reads the signal's variables (see [`OtlpProfilesConfig::from_env`]); `http_path`
+    /// is appended to the general endpoint for HTTP. `Ok(None)` when no endpoint is
+    /// set.
+    pub(crate) fn from_lookup(
+        var: &impl Fn(&str) -> Option<String>,
+        signal: Signal,
+        http_path: &str,
+    ) -> Result<Option<OtlpTarget>, ExportError> {
+        let protocol = match otel_var(var, signal, "PROTOCOL") {
+            None => OtlpProtocol::HttpProtobuf,
+            Some((_, p)) if p.trim() == "http/protobuf" => OtlpProtocol::HttpProtobuf,
+            Some((_, p)) if p.trim() == "grpc" => OtlpProtocol::Grpc,
+            Some((name, other)) => {
+                return Err(ExportError::config(
+                    name,
+                    format!("`{other}` is not supported (use http/protobuf or grpc)"),
+                ));
+            }
+        };
+        let (endpoint_var, endpoint) = match otel_var(var, signal, "ENDPOINT") {
+            None => return Ok(None),
+            Some((name @ "OTEL_EXPORTER_OTLP_ENDPOINT", base))
+                if protocol == OtlpProtocol::HttpProtobuf =>
+            {
+                (name, crate::http::join_path(base.trim(), http_path))
+            }
+            Some((name, e)) => (name, e.trim().to_owned()),
+        };
+        crate::http::validate_url(endpoint_var, &endpoint)?;
+        let mut headers: Vec<(String, String)> = Vec::new();
+        // The general variable first, so the signal's wins for a key set in both.
+        let signal_headers = otel_var(&|n: &str| var(n), signal, "HEADERS").map(|(n, _)| n);
+        for name in ["OTEL_EXPORTER_OTLP_HEADERS"]
+            .into_iter()
+            .chain(signal_headers.filter(|n| *n != "OTEL_EXPORTER_OTLP_HEADERS"))
+        {
+            if let Some(value) = var(name) {
+                for (k, v) in parse_otlp_headers(name, &value)? {
+                    headers.retain(|(old, _)| !old.eq_ignore_ascii_case(&k));
+                    headers.push((k, v));
+                }
+            }
+        }
+        let request_timeout = match otel_var(var, signal, "TIMEOUT") {
+            None => None,
+            Some((name, ms)) => match ms.trim().parse::<u64>() {
+                Ok(ms) if ms > 0 => Some(Duration::from_millis(ms)),
+                _ => {
+                    return Err(ExportError::config(
+                        name,
+                        format!("`{ms}` is not a positive whole number of milliseconds"),
+                    ));
+                }
+            },
+        };
+        let ca_certificates_pem = match otel_var(var, signal, "CERTIFICATE") {
+            None => None,
+            Some((name, path)) => Some(crate::read_ca_certificates(name, path.as_ref())?),
+        };
+        Ok(Some(OtlpTarget {
+            endpoint,
+            protocol,
+            headers,
+            request_timeout,
+            ca_certificates_pem,
+        }))
+    }
 }
 
 /// Parses an `OTEL_EXPORTER_OTLP_*HEADERS` value: `key=value` pairs separated by
@@ -163,7 +279,7 @@ pub fn parse_otlp_headers(name: &str, value: &str) -> Result<Vec<(String, String
 }
 
 /// Checks that `key: value` can be sent as an HTTP header and as gRPC metadata.
-fn check_header(field: &str, key: &str, value: &str) -> Result<(), ExportError> {
+pub(crate) fn check_header(field: &str, key: &str, value: &str) -> Result<(), ExportError> {
     if http::HeaderName::from_bytes(key.as_bytes()).is_err()
         || tonic::metadata::MetadataKey::<tonic::metadata::Ascii>::from_bytes(
             key.to_ascii_lowercase().as_bytes(),
@@ -220,54 +336,16 @@ impl OtlpProfilesConfig {
 
     /// As [`OtlpProfilesConfig::from_env`], reading variables through `var`.
     pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, ExportError> {
-        let protocol = match otel_var(&var, "PROTOCOL") {
-            None => OtlpProtocol::HttpProtobuf,
-            Some((_, p)) if p.trim() == "http/protobuf" => OtlpProtocol::HttpProtobuf,
-            Some((_, p)) if p.trim() == "grpc" => OtlpProtocol::Grpc,
-            Some((name, other)) => {
-                return Err(ExportError::config(
-                    name,
-                    format!("`{other}` is not supported (use http/protobuf or grpc)"),
-                ));
-            }
+        let Some(target) = OtlpTarget::from_lookup(&var, Signal::Profiles, HTTP_PATH)? else {
+            return Ok(None);
         };
-        let (endpoint_var, endpoint) = match otel_var(&var, "ENDPOINT") {
-            None => return Ok(None),
-            Some((name @ "OTEL_EXPORTER_OTLP_ENDPOINT", base))
-                if protocol == OtlpProtocol::HttpProtobuf =>
-            {
-                (name, crate::http::join_path(base.trim(), HTTP_PATH))
-            }
-            Some((name, e)) => (name, e.trim().to_owned()),
-        };
-        crate::http::validate_url(endpoint_var, &endpoint)?;
-        let mut cfg = OtlpProfilesConfig::new(endpoint, protocol);
+        let mut cfg = OtlpProfilesConfig::new(target.endpoint, target.protocol);
         cfg.service_name = crate::default_service_name(&var);
-        for name in [
-            "OTEL_EXPORTER_OTLP_HEADERS",
-            "OTEL_EXPORTER_OTLP_PROFILES_HEADERS",
-        ] {
-            if let Some(value) = var(name) {
-                for (k, v) in parse_otlp_headers(name, &value)? {
-                    cfg.headers.retain(|(old, _)| !old.eq_ignore_ascii_case(&k));
-                    cfg.headers.push((k, v));
-                }
-            }
+        cfg.headers = target.headers;
+        if let Some(t) = target.request_timeout {
+            cfg.delivery.request_timeout = t;
         }
-        if let Some((name, ms)) = otel_var(&var, "TIMEOUT") {
-            match ms.trim().parse::<u64>() {
-                Ok(ms) if ms > 0 => cfg.delivery.request_timeout = Duration::from_millis(ms),
-                _ => {
-                    return Err(ExportError::config(
-                        name,
-                        format!("`{ms}` is not a positive whole number of milliseconds"),
-                    ));
-                }
-            }
-        }
-        if let Some((name, path)) = otel_var(&var, "CERTIFICATE") {
-            cfg.ca_certificates_pem = Some(crate::read_ca_certificates(name, path.as_ref())?);
-        }
+        cfg.ca_certificates_pem = target.ca_certificates_pem;
         Ok(Some(cfg))
     }
 
@@ -509,6 +587,8 @@ struct GrpcTransport {
     /// delivery runtime); it reconnects by itself after failures.
     channel: std::sync::OnceLock<tonic::transport::Channel>,
     metadata: tonic::metadata::MetadataMap,
+    /// The method called (`/package.Service/Export`).
+    path: &'static str,
 }
 
 impl Transport for GrpcTransport {
@@ -520,7 +600,7 @@ impl Transport for GrpcTransport {
                 .clone();
             let mut request = tonic::Request::new(payload.to_vec());
             *request.metadata_mut() = self.metadata.clone();
-            match export_raw(channel, request).await {
+            match export_raw(channel, request, self.path).await {
                 Ok(_) => Ok(()),
                 Err(status) => {
                     use tonic::Code;
@@ -550,18 +630,19 @@ const EXPORT_PATH: &str =
     "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export";
 
 /// One `Export` call with the payload as the delivery queue holds it: an encoded
-/// `ExportProfilesServiceRequest`, sent as it is rather than decoded into a message
+/// export request (`ExportProfilesServiceRequest`, `ExportTraceServiceRequest`), sent as it is rather than decoded into a message
 /// for the generated client to encode again. Errors map as the generated client's do
 /// (a channel that is not ready is `Unknown`).
 async fn export_raw(
     channel: tonic::transport::Channel,
     request: tonic::Request<Vec<u8>>,
+    path: &'static str,
 ) -> Result<(), tonic::Status> {
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready()
         .await
         .map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))?;
-    let path = http::uri::PathAndQuery::from_static(EXPORT_PATH);
+    let path = http::uri::PathAndQuery::from_static(path);
     grpc.unary::<_, (), _>(request, path, RawCodec)
         .await
         .map(drop)
@@ -643,6 +724,89 @@ fn grpc_metadata(headers: &[(String, String)]) -> tonic::metadata::MetadataMap {
     map
 }
 
+/// The delivery of one OTLP signal: over HTTP, or over gRPC calling `grpc_path`.
+/// `name` is the sink's name and the word for its payloads' items.
+pub(crate) fn start_delivery(
+    name: (&'static str, &'static str),
+    endpoint_url: &str,
+    protocol: OtlpProtocol,
+    headers: &[(String, String)],
+    delivery: &DeliveryConfig,
+    ca_certificates_pem: Option<&[u8]>,
+    grpc_path: &'static str,
+) -> Result<Delivery, ExportError> {
+    Ok(match protocol {
+        OtlpProtocol::HttpProtobuf => Delivery::start_for(
+            name.0,
+            name.1,
+            delivery.clone(),
+            HttpTransport {
+                client: crate::http::HttpClient::new(
+                    "endpoint",
+                    endpoint_url,
+                    "ca_certificates_pem",
+                    ca_certificates_pem,
+                )?,
+                url: endpoint_url.to_owned(),
+                headers: {
+                    let mut h = http_headers(headers);
+                    h.insert(
+                        http::header::CONTENT_TYPE,
+                        http::HeaderValue::from_static("application/x-protobuf"),
+                    );
+                    h
+                },
+            },
+        ),
+        OtlpProtocol::Grpc => {
+            let endpoint = tonic::transport::Endpoint::from_shared(endpoint_url.to_owned())
+                .map_err(|e| ExportError::config("endpoint", e.to_string()))?
+                .timeout(delivery.request_timeout)
+                .connect_timeout(Duration::from_secs(5));
+            #[cfg(not(feature = "tls"))]
+            if endpoint_url.starts_with("https://") || ca_certificates_pem.is_some() {
+                return Err(ExportError::config(
+                    if ca_certificates_pem.is_some() {
+                        "ca_certificates_pem"
+                    } else {
+                        "endpoint"
+                    },
+                    "https:// and CA certificates need TLS: enable the `tls` feature of spanprof (or spanprof-export)",
+                ));
+            }
+            #[cfg(feature = "tls")]
+            let mut endpoint = endpoint;
+            #[cfg(feature = "tls")]
+            if endpoint_url.starts_with("https://") {
+                let mut tls = tonic::transport::ClientTlsConfig::new().with_webpki_roots();
+                if let Some(pem) = ca_certificates_pem {
+                    crate::http::parse_ca_certificates("ca_certificates_pem", pem)?;
+                    tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(pem));
+                }
+                let field = if ca_certificates_pem.is_some() {
+                    "ca_certificates_pem"
+                } else {
+                    "endpoint"
+                };
+                endpoint = endpoint
+                    .tls_config(tls)
+                    .map_err(|e| ExportError::config(field, e.to_string()))?;
+            }
+            Delivery::start_for(
+                name.0,
+                name.1,
+                delivery.clone(),
+                GrpcTransport {
+                    endpoint,
+                    channel: std::sync::OnceLock::new(),
+                    metadata: grpc_metadata(headers),
+                    path: grpc_path,
+                },
+            )
+        }
+    })
+}
+
 /// Exports a labelled CPU profile as OTLP profiles every interval. Experimental.
 /// Dropping it stops it at once (logged); [`OtlpProfilesExporter::shutdown`] sends
 /// the last interval first.
@@ -656,73 +820,15 @@ impl OtlpProfilesExporter {
     /// Starts exporting the profiles of `source`.
     pub fn start(cfg: OtlpProfilesConfig, source: ProfileSource) -> Result<Self, ExportError> {
         cfg.validate()?;
-        let delivery = match cfg.protocol {
-            OtlpProtocol::HttpProtobuf => Delivery::start(
-                "otlp-profiles",
-                cfg.delivery.clone(),
-                HttpTransport {
-                    client: crate::http::HttpClient::new(
-                        "endpoint",
-                        &cfg.endpoint,
-                        "ca_certificates_pem",
-                        cfg.ca_certificates_pem.as_deref(),
-                    )?,
-                    url: cfg.endpoint.clone(),
-                    headers: {
-                        let mut h = http_headers(&cfg.headers);
-                        h.insert(
-                            http::header::CONTENT_TYPE,
-                            http::HeaderValue::from_static("application/x-protobuf"),
-                        );
-                        h
-                    },
-                },
-            ),
-            OtlpProtocol::Grpc => {
-                let endpoint = tonic::transport::Endpoint::from_shared(cfg.endpoint.clone())
-                    .map_err(|e| ExportError::config("endpoint", e.to_string()))?
-                    .timeout(cfg.delivery.request_timeout)
-                    .connect_timeout(Duration::from_secs(5));
-                #[cfg(not(feature = "tls"))]
-                if cfg.endpoint.starts_with("https://") || cfg.ca_certificates_pem.is_some() {
-                    return Err(ExportError::config(
-                        if cfg.ca_certificates_pem.is_some() {
-                            "ca_certificates_pem"
-                        } else {
-                            "endpoint"
-                        },
-                        "https:// and CA certificates need TLS: enable the `tls` feature of spanprof (or spanprof-export)",
-                    ));
-                }
-                #[cfg(feature = "tls")]
-                let mut endpoint = endpoint;
-                #[cfg(feature = "tls")]
-                if cfg.endpoint.starts_with("https://") {
-                    let mut tls = tonic::transport::ClientTlsConfig::new().with_webpki_roots();
-                    if let Some(pem) = &cfg.ca_certificates_pem {
-                        crate::http::parse_ca_certificates("ca_certificates_pem", pem)?;
-                        tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(pem));
-                    }
-                    let field = if cfg.ca_certificates_pem.is_some() {
-                        "ca_certificates_pem"
-                    } else {
-                        "endpoint"
-                    };
-                    endpoint = endpoint
-                        .tls_config(tls)
-                        .map_err(|e| ExportError::config(field, e.to_string()))?;
-                }
-                Delivery::start(
-                    "otlp-profiles",
-                    cfg.delivery.clone(),
-                    GrpcTransport {
-                        endpoint,
-                        channel: std::sync::OnceLock::new(),
-                        metadata: grpc_metadata(&cfg.headers),
-                    },
-                )
-            }
-        };
+        let delivery = start_delivery(
+            ("otlp-profiles", "profiles"),
+            &cfg.endpoint,
+            cfg.protocol,
+            &cfg.headers,
+            &cfg.delivery,
+            cfg.ca_certificates_pem.as_deref(),
+            EXPORT_PATH,
+        )?;
         tracing::info!(
             "spanprof: sending profiles: {cfg}, every {:?}",
             cfg.interval

@@ -92,6 +92,11 @@ impl SpanProfileProcessor<BatchSpanProcessor> {
     /// per request in all, 1.6–2.2 µs a request off the request threads and 0.9–1.5 µs
     /// onto the batch thread (two paired runs against `new`).
     ///
+    /// The SDK's batch processor forgets a batch its exporter failed to send: for
+    /// spans that survive a collector outage, give it
+    /// `spanprof_export::OtlpSpanExporter` (docs/sinks.md, "Spans through a
+    /// collector outage").
+    ///
     /// One `SpanProfileProcessor` per process: the figures of a span go to whichever
     /// one takes them first. A span the batch processor drops (its queue full) is
     /// counted in [`crate::ended_unexported`] once 256 more batches have gone.

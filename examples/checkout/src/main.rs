@@ -33,15 +33,13 @@ const USAGE: &str = "usage:
       drive another instance (default 20s, 4 clients)
 SIGINT (Ctrl-C) or SIGTERM stops it cleanly, during the load too.";
 
-/// How long a stop may take in all, from the signal to the exit: within Kubernetes'
-/// default grace period of 30 s.
-const STOP_DEADLINE: Duration = Duration::from_secs(20);
+/// How long a stop may take in all, from the signal to the exit: inside `docker
+/// stop`'s default grace period of 10 s (and Kubernetes' 30 s).
+const STOP_DEADLINE: Duration = Duration::from_secs(8);
 /// How long requests in flight may take to finish at shutdown (open profile
-/// captures answer at once).
-const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
-/// How long the profile sinks may take, together, to send their last interval at
-/// shutdown; the spans get what is left of [`STOP_DEADLINE`].
-const SINK_DEADLINE: Duration = spanprof::export::DEFAULT_SHUTDOWN_DEADLINE;
+/// captures answer at once); the profile sinks and the spans then share what is left
+/// of [`STOP_DEADLINE`], flushing at the same time.
+const DRAIN_DEADLINE: Duration = Duration::from_secs(4);
 
 fn duration(flag: &str, v: &str) -> Result<Duration, String> {
     spanprof::tower::parse_duration(v).map_err(|e| format!("{flag}: {e}"))
@@ -281,26 +279,31 @@ async fn serve(cfg: ShopConfig, load_for: Duration, profiler: Profiler) -> Resul
 
     let drained = shop.shutdown(DRAIN_DEADLINE).await;
     let flushed = tokio::task::spawn_blocking(move || {
-        let left = || end.saturating_duration_since(Instant::now());
+        let left = move || end.saturating_duration_since(Instant::now());
         profiler.flush();
-        // Every sink sends its last interval; they share one deadline.
+        // The spans' flush ends a little before the provider stops waiting for it.
+        if let Some(spans) = &exports {
+            spans.shutdown_by(end - Duration::from_millis(200).min(left()));
+        }
+        // Every sink sends its last interval while the spans flush: one deadline.
+        let sinks = std::thread::spawn(move || sinks.shutdown(left()));
+        let result = provider.shutdown_with_timeout(left());
         let profiles: Vec<String> = sinks
-            .shutdown(SINK_DEADLINE.min(left()))
+            .join()
+            .unwrap_or_default()
             .into_iter()
             .map(|(name, s)| format!("{name}: {} sent, {} dropped", s.sent, s.dropped()))
             .collect();
-        let result = provider.shutdown_with_timeout(left());
-        // "Flushed" only if every span ended was exported.
-        let spans = match (result, exports.map(|w| w.stats())) {
+        // "Flushed" only if every span ended was sent.
+        let spans = match (result, exports.map(|h| h.stats())) {
             (Ok(()), None) => "spans kept in the viewer only".to_owned(),
-            (Ok(()), Some(s)) if s.lost() == 0 => {
-                format!("spans flushed ({} exported)", s.exported)
+            (Ok(()), Some(s)) if s.dropped() == 0 && s.pending == 0 => {
+                format!("spans flushed ({} sent)", s.sent)
             }
             (result, Some(s)) => format!(
-                "spans: {} of {} exported, {} lost{}",
-                s.exported,
-                s.ended,
-                s.lost(),
+                "spans: {} sent, {} lost{}",
+                s.sent,
+                s.dropped() + s.pending,
                 result.err().map(|e| format!(" ({e})")).unwrap_or_default()
             ),
             (Err(e), None) => format!("spans not flushed: {e}"),

@@ -1,7 +1,9 @@
 //! Tracing, OpenTelemetry and spanprof wiring: spans go to the viewer's recent-span
 //! store (and, with an OTLP endpoint, to a collector over gRPC or HTTP, as
 //! `OTEL_EXPORTER_OTLP_PROTOCOL` says) through spanprof's span processor, which adds
-//! each span's profile id and figures.
+//! each span's profile id and figures. They are sent by spanprof's OTLP span
+//! exporter, which queues them while the collector is away (retrying with backoff,
+//! bounded by bytes), so a collector outage loses no span.
 //!
 //! Only the application's spans are made and exported: the trace filter
 //! ([`DEFAULT_TRACE_FILTER`], `CHECKOUT_TRACE_FILTER` to change it) keeps the
@@ -14,11 +16,11 @@ use std::io::IsTerminal;
 
 use opentelemetry::propagation::{Injector, TextMapPropagator};
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{SdkTracerProvider, SpanProcessor};
-use spanprof::tower::{SpanExportWatch, SpanProfileLayer, SpanProfileProcessor};
+use opentelemetry_sdk::trace::{BatchSpanProcessor, SdkTracerProvider, SpanProcessor};
+use spanprof::export::{OtlpProtocol, OtlpSpanExporter, OtlpSpansConfig, SpanDeliveryHandle};
+use spanprof::tower::{SpanProfileLayer, SpanProfileProcessor};
 use spanprof_viewer::RecentSpans;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::EnvFilter;
@@ -135,9 +137,10 @@ fn filter(name: &str, directives: &str) -> Result<EnvFilter, String> {
 pub struct Tracing {
     /// The provider (shut it down at the end: the last spans are exported then).
     pub provider: SdkTracerProvider,
-    /// With an OTLP endpoint: the spans ended, exported and failed (an export outage
-    /// is logged once as it begins and once as it ends).
-    pub exports: Option<SpanExportWatch>,
+    /// With an OTLP endpoint: the span exporter's counters (sent, retried, dropped,
+    /// pending) and the deadline of its flush at shutdown. An outage is logged once
+    /// as it begins and once as it ends.
+    pub exports: Option<SpanDeliveryHandle>,
 }
 
 /// Installs the global tracing subscriber and returns the tracer provider. Errors
@@ -150,27 +153,26 @@ pub fn init(spans: &RecentSpans, t: &Telemetry) -> Result<Tracing, String> {
         .as_deref()
         .map(|f| filter("RUST_LOG", f))
         .transpose()?;
-    let exports = t.otlp_endpoint.as_ref().map(|_| SpanExportWatch::new());
-    let otlp: Option<Box<dyn SpanProcessor>> = match (&t.otlp_endpoint, &exports) {
-        (Some(endpoint), Some(exports)) => {
-            let builder = opentelemetry_otlp::SpanExporter::builder();
-            let exporter = match t.otlp_protocol {
-                TraceProtocol::Grpc => builder.with_tonic().with_endpoint(endpoint).build(),
-                TraceProtocol::HttpProtobuf => builder
-                    .with_http()
-                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                    .with_endpoint(endpoint)
-                    .build(),
-            }
-            .map_err(|e| {
-                format!(
-                    "OTEL_EXPORTER_OTLP_ENDPOINT `{}`: {e}",
-                    spanprof::export::redact_url(endpoint)
-                )
-            })?;
-            Some(Box::new(exports.batch(exporter)))
+    let (otlp, exports): (Option<Box<dyn SpanProcessor>>, _) = match &t.otlp_endpoint {
+        Some(endpoint) => {
+            let protocol = match t.otlp_protocol {
+                TraceProtocol::Grpc => OtlpProtocol::Grpc,
+                TraceProtocol::HttpProtobuf => OtlpProtocol::HttpProtobuf,
+            };
+            let exporter = OtlpSpanExporter::start(OtlpSpansConfig::new(endpoint, protocol))
+                .map_err(|e| {
+                    format!(
+                        "OTEL_EXPORTER_OTLP_ENDPOINT `{}`: {e}",
+                        spanprof::export::redact_url(endpoint)
+                    )
+                })?;
+            let handle = exporter.handle();
+            (
+                Some(Box::new(BatchSpanProcessor::builder(exporter).build())),
+                Some(handle),
+            )
         }
-        _ => None,
+        None => (None, None),
     };
     let provider = SdkTracerProvider::builder()
         .with_resource(
