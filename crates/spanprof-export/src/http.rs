@@ -100,6 +100,55 @@ pub(crate) fn join_path(base: &str, path: &str) -> String {
 }
 
 #[cfg(any(feature = "pyroscope", feature = "otlp"))]
+/// What happened to the connection, in plain words, if an error or one of its causes
+/// is an I/O error that says (`connection refused`, `connection reset by the
+/// server`, …).
+pub(crate) fn plain_cause(e: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+    use std::io::ErrorKind;
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        let plain = c.downcast_ref::<std::io::Error>().and_then(|io| {
+            Some(match io.kind() {
+                ErrorKind::ConnectionRefused => "connection refused",
+                ErrorKind::ConnectionReset => "connection reset by the server",
+                ErrorKind::ConnectionAborted => "connection aborted",
+                ErrorKind::BrokenPipe | ErrorKind::UnexpectedEof => {
+                    "connection closed by the server"
+                }
+                ErrorKind::TimedOut => "timed out",
+                ErrorKind::NotConnected => "not connected",
+                ErrorKind::AddrNotAvailable => "address not available",
+                ErrorKind::HostUnreachable => "host unreachable",
+                ErrorKind::NetworkUnreachable => "network unreachable",
+                _ => return None,
+            })
+        });
+        if plain.is_some() {
+            return plain;
+        }
+        // hyper's own: the connection went away before the answer (no I/O error
+        // under it when the peer closed cleanly).
+        if let Some(h) = c.downcast_ref::<hyper::Error>()
+            && (h.is_incomplete_message() || h.is_canceled() || h.is_closed())
+        {
+            return Some("connection closed by the server");
+        }
+        cause = c.source();
+    }
+    None
+}
+
+#[cfg(any(feature = "pyroscope", feature = "otlp"))]
+/// An error and its causes, one after another (`a: b: c`), led by what happened in
+/// plain words when that can be told (`connection refused (…)`).
+pub(crate) fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    match plain_cause(e) {
+        Some(plain) => format!("{plain} ({})", error_chain(e)),
+        None => error_chain(e),
+    }
+}
+
+#[cfg(any(feature = "pyroscope", feature = "otlp"))]
 /// An error and its causes, one after another (`a: b: c`).
 pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
@@ -219,7 +268,7 @@ impl HttpClient {
             req.headers_mut().insert(k.clone(), v.clone());
         }
         match self.client.request(req).await {
-            Err(e) => Err(SendError::Retryable(error_chain(&e))),
+            Err(e) => Err(SendError::Retryable(describe(&e))),
             Ok(resp) => {
                 let status = resp.status();
                 if status.is_success() {

@@ -613,7 +613,7 @@ impl Transport for GrpcTransport {
                         | Code::ResourceExhausted
                         | Code::Aborted
                         | Code::Internal
-                        | Code::Unknown => Err(SendError::Retryable(status.to_string())),
+                        | Code::Unknown => Err(SendError::Retryable(describe_status(&status))),
                         code => Err(SendError::Rejected {
                             status: RejectStatus::Grpc(code as i32),
                             message: status.message().to_owned(),
@@ -622,6 +622,25 @@ impl Transport for GrpcTransport {
                 }
             }
         })
+    }
+}
+
+/// A failed call in plain words: what happened to the connection when that can be
+/// told (`connection refused`, `connection closed by the server`), then the gRPC code
+/// and message (tonic's own text is `code: 'The service is currently unavailable',
+/// message: "tcp connect error", source: …`, and a reset reads as `Unknown` with a
+/// broken pipe).
+fn describe_status(status: &tonic::Status) -> String {
+    let code = format!("{:?}", status.code());
+    let message = status.message();
+    let detail = if message.is_empty() {
+        format!("gRPC {code}")
+    } else {
+        format!("gRPC {code}: {message}")
+    };
+    match crate::http::plain_cause(status) {
+        Some(plain) => format!("{plain} ({detail})"),
+        None => detail,
     }
 }
 

@@ -161,3 +161,55 @@ async fn a_closed_collector_is_reported_while_it_stays_closed() {
     assert_eq!(stopped.len(), 1, "{:?}", lines("", "spanprof:"));
     assert!(stopped[0].contains("dropped"), "{}", stopped[0]);
 }
+
+/// A failing send is worded as what happened to the connection: a closed port is
+/// "connection refused" over gRPC and HTTP alike (tonic's own text was `code: 'The
+/// service is currently unavailable', message: "tcp connect error", …`), and a
+/// server that accepts and closes at once is "connection closed by the server" or
+/// "connection reset", never `Unknown … BrokenPipe`.
+#[test]
+fn failures_are_worded_as_what_happened_to_the_connection() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    // A server that accepts and closes every connection at once.
+    let hangs_up = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hangs_up_addr = hangs_up.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for conn in hangs_up.incoming() {
+            drop(conn);
+        }
+    });
+    let endpoint = |addr: std::net::SocketAddr, protocol| match protocol {
+        OtlpProtocol::Grpc => format!("http://{addr}"),
+        OtlpProtocol::HttpProtobuf => format!("http://{addr}/v1development/profiles"),
+    };
+    for (addr, expected) in [
+        (closed, &["connection refused"][..]),
+        (
+            hangs_up_addr,
+            &["connection closed by the server", "connection reset"][..],
+        ),
+    ] {
+        for protocol in [OtlpProtocol::Grpc, OtlpProtocol::HttpProtobuf] {
+            let before = lines("WARN", "sink is failing").len();
+            let mut cfg = OtlpProfilesConfig::new(endpoint(addr, protocol), protocol);
+            cfg.interval = Duration::from_millis(200);
+            cfg.delivery = fast_delivery();
+            let exporter = OtlpProfilesExporter::start(cfg, numbered_source()).unwrap();
+            wait_until(|| lines("WARN", "sink is failing").len() > before);
+            drop(exporter);
+            let said = lines("WARN", "sink is failing");
+            let line = said
+                .last()
+                .unwrap_or_else(|| panic!("{protocol} to {addr}: no outage logged"));
+            assert!(
+                expected
+                    .iter()
+                    .any(|e| line.contains(&format!("failing ({e}"))),
+                "{protocol} to {addr}, expected one of {expected:?}: {line}"
+            );
+        }
+    }
+}
