@@ -139,6 +139,11 @@ pub(crate) enum QueryError {
     },
     /// Parameters that cannot go together.
     Conflict(String),
+    /// A parameter the route needs, absent or empty.
+    Missing {
+        name: &'static str,
+        expected: &'static str,
+    },
 }
 
 impl fmt::Display for QueryError {
@@ -167,6 +172,9 @@ impl fmt::Display for QueryError {
                 "query parameter {name:?} is {value:?}; it must be {expected}"
             ),
             QueryError::Conflict(why) => f.write_str(why),
+            QueryError::Missing { name, expected } => {
+                write!(f, "query parameter {name:?} is required: {expected}")
+            }
         }
     }
 }

@@ -95,6 +95,8 @@ impl Viewer {
     /// | `GET /debug/spanprof/` | the page |
     /// | `GET /debug/spanprof/api/traces?route=&limit=` | recent traces, slowest first |
     /// | `GET /debug/spanprof/api/traces/{trace_id}` | a trace's spans |
+    /// | `GET /debug/spanprof/api/spans?name=&trace_id=&limit=` | spans of a name, slowest first (in one trace, or all) |
+    /// | `GET /debug/spanprof/api/memory` | the profiler's and the viewer's memory, with their bounds |
     /// | `GET /debug/spanprof/api/spans/{span_id}/top?n=&by=self\|total` | top functions of a span and everything under it |
     /// | `GET /debug/spanprof/flamegraph/{span_id}` | its flamegraph (SVG) |
     /// | `GET /debug/spanprof/diff/{span_id}?minutes=` | differential flamegraph against its route's recent profile |
@@ -110,6 +112,8 @@ impl Viewer {
             .route("/debug/spanprof/", get(index))
             .route("/debug/spanprof/api/traces", get(traces))
             .route("/debug/spanprof/api/traces/{trace_id}", get(trace))
+            .route("/debug/spanprof/api/spans", get(spans_named))
+            .route("/debug/spanprof/api/memory", get(memory))
             .route("/debug/spanprof/api/spans/{span_id}/top", get(top))
             .route("/debug/spanprof/flamegraph/{span_id}", get(flamegraph))
             .route("/debug/spanprof/diff/{span_id}", get(diff))
@@ -322,6 +326,108 @@ async fn trace(
         None => (StatusCode::NOT_FOUND, format!("no trace {trace_id}")).into_response(),
     })
     .await
+}
+
+struct SpansQuery {
+    name: String,
+    trace_id: Option<String>,
+    limit: usize,
+}
+
+impl FromQuery for SpansQuery {
+    const KNOWN: &'static [&'static str] = &["name", "trace_id", "limit"];
+
+    fn from_query(p: &Params) -> Result<Self, QueryError> {
+        let name = p
+            .text("name")
+            .filter(|n| !n.is_empty())
+            .ok_or(QueryError::Missing {
+                name: "name",
+                expected: "a span name, e.g. name=apply",
+            })?;
+        let trace_id = match p.text("trace_id") {
+            None => None,
+            Some(t) if t.len() == 32 && t.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                Some(t.to_ascii_lowercase())
+            }
+            Some(t) => {
+                return Err(QueryError::Invalid {
+                    name: "trace_id",
+                    value: t.to_owned(),
+                    expected: "32 hex digits".to_owned(),
+                });
+            }
+        };
+        Ok(SpansQuery {
+            name: name.to_owned(),
+            trace_id,
+            limit: p
+                .parsed::<usize>("limit", "a whole number")?
+                .unwrap_or(20)
+                .min(1000),
+        })
+    }
+}
+
+async fn spans_named(State(v): State<Viewer>, Strict(q): Strict<SpansQuery>) -> Response {
+    let spans = v.spans.clone();
+    off_runtime(move || {
+        Json(spans.spans_named(&q.name, q.trace_id.as_deref(), q.limit)).into_response()
+    })
+    .await
+}
+
+async fn memory(State(v): State<Viewer>, _: Strict<NoQuery>) -> Response {
+    let m = v.profiler.memory_stats();
+    let cache = |c: spanprof_core::CacheStats| {
+        serde_json::json!({
+            "entries": c.entries, "bytes": c.bytes, "max_bytes": c.max_bytes, "evicted": c.evicted,
+        })
+    };
+    let store = v.profiler.store().stats();
+    Json(serde_json::json!({
+        "profiler": {
+            "total_bytes": m.total_bytes(),
+            "bound_bytes": m.bound_bytes(),
+            "store": {
+                "bytes": m.store_bytes, "max_bytes": m.store_max_bytes,
+                "spans": store.spans, "stacks": store.stacks,
+                "spans_evicted": store.spans_evicted, "buckets_evicted": store.buckets_evicted,
+            },
+            "stack_cache": cache(m.stack_cache),
+            "symbol_cache": cache(m.symbol_cache),
+            "labels_cache": cache(m.labels_cache),
+            "windows": { "open": m.windows, "entries": m.window_entries, "bytes": m.window_bytes },
+            "backlog_bytes": m.backlog_bytes,
+            "names": {
+                "names": m.names.names, "max_names": m.names.max_names,
+                "bytes": m.names.bytes, "max_bytes": m.names.max_bytes,
+                "overflowed": m.names.overflowed,
+            },
+        },
+        "recent_spans": v.spans.stats(),
+        "process": process_memory(),
+    }))
+    .into_response()
+}
+
+/// The process's resident memory from `/proc/self/status` (Linux), in bytes.
+fn process_memory() -> serde_json::Value {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kb = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|rest| {
+                rest.trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+            .map(|k| k * 1024)
+    };
+    serde_json::json!({ "rss_bytes": kb("VmRSS:"), "rss_anon_bytes": kb("RssAnon:") })
 }
 
 /// Runs `f` on the blocking pool (not on the runtime's workers).

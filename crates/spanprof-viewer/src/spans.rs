@@ -1,6 +1,7 @@
 //! Recent finished spans, grouped by trace, for the viewer: an OpenTelemetry span
 //! processor that records each span as it ends (after spanprof's attributes were
-//! added) and passes it on. Bounded by traces, oldest evicted first.
+//! added) and passes it on. Bounded by traces and by spans, oldest traces evicted
+//! first; within a trace past [`MAX_SPANS_PER_TRACE`], the longest spans are kept.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -14,7 +15,12 @@ use serde::Serialize;
 
 /// Default number of traces kept.
 pub const DEFAULT_MAX_TRACES: usize = 2_000;
-/// Most spans kept per trace.
+/// Default number of spans kept, all traces together (about 20 MB of records).
+pub const DEFAULT_MAX_SPANS: usize = 50_000;
+/// Most spans kept per trace. Past it, a trace keeps its local roots (spans
+/// without a parent) and its longest other spans: a connection trace of thousands
+/// of commands keeps the connection span and its slowest commands; the others are
+/// counted ([`TraceSummary::spans_left_out`]).
 pub const MAX_SPANS_PER_TRACE: usize = 512;
 
 /// One finished span, as the viewer shows it.
@@ -50,14 +56,89 @@ pub struct SpanRecord {
     pub profile_id: Option<String>,
 }
 
+impl SpanRecord {
+    /// Estimated bytes of the record and its strings.
+    fn bytes(&self) -> usize {
+        std::mem::size_of::<Self>()
+            + self.trace_id.capacity()
+            + self.span_id.capacity()
+            + self.parent_span_id.capacity()
+            + self.name.capacity()
+            + self.service.capacity()
+            + self.hot.as_ref().map_or(0, String::capacity)
+            + self.profile_id.as_ref().map_or(0, String::capacity)
+    }
+
+    /// Which spans a full trace keeps: local roots first, then the longest.
+    fn keep_rank(&self) -> (bool, u64) {
+        (self.parent_span_id.is_empty(), self.duration_ns)
+    }
+}
+
+#[derive(Default)]
 struct Trace {
     spans: Vec<SpanRecord>,
+    /// Spans not kept because the trace was full.
+    left_out: u64,
+    /// The index of the span a full trace gives up first (lowest `keep_rank`).
+    weakest: usize,
+}
+
+impl Trace {
+    /// Adds `rec`, or, when full, keeps it in place of the weakest span if it ranks
+    /// higher. Returns the bytes added (negative when a larger record left) and
+    /// whether a span was left out.
+    fn add(&mut self, rec: SpanRecord) -> (isize, bool) {
+        if self.spans.len() < MAX_SPANS_PER_TRACE {
+            let added = rec.bytes() as isize;
+            self.spans.push(rec);
+            if self.spans.len() == MAX_SPANS_PER_TRACE {
+                self.find_weakest();
+            }
+            return (added, false);
+        }
+        self.left_out += 1;
+        if rec.keep_rank() <= self.spans[self.weakest].keep_rank() {
+            return (0, true);
+        }
+        let added = rec.bytes() as isize;
+        let gone = std::mem::replace(&mut self.spans[self.weakest], rec);
+        self.find_weakest();
+        (added - gone.bytes() as isize, true)
+    }
+
+    fn find_weakest(&mut self) {
+        self.weakest = self
+            .spans
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, s)| s.keep_rank())
+            .map_or(0, |(i, _)| i);
+    }
 }
 
 #[derive(Default)]
 struct Inner {
     traces: HashMap<String, Trace>,
     order: VecDeque<String>,
+    spans: usize,
+    bytes: usize,
+    left_out: u64,
+    traces_evicted: u64,
+}
+
+impl Inner {
+    fn evict_oldest(&mut self) -> bool {
+        let Some(old) = self.order.pop_front() else {
+            return false;
+        };
+        if let Some(t) = self.traces.remove(&old) {
+            self.spans -= t.spans.len();
+            self.bytes -= t.spans.iter().map(SpanRecord::bytes).sum::<usize>();
+            self.traces_evicted += 1;
+        }
+        true
+    }
 }
 
 /// The recent spans store; cheap to clone.
@@ -65,14 +146,36 @@ struct Inner {
 pub struct RecentSpans {
     inner: Arc<Mutex<Inner>>,
     max_traces: usize,
+    max_spans: usize,
 }
 
 impl std::fmt::Debug for RecentSpans {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RecentSpans")
             .field("max_traces", &self.max_traces)
+            .field("max_spans", &self.max_spans)
             .finish()
     }
+}
+
+/// What [`RecentSpans`] holds, with its bounds: what [`RecentSpans::stats`] returns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct RecentSpansStats {
+    /// Traces held.
+    pub traces: usize,
+    /// Their bound.
+    pub max_traces: usize,
+    /// Spans held, all traces together.
+    pub spans: usize,
+    /// Their bound.
+    pub max_spans: usize,
+    /// Estimated bytes of the spans held (records and their strings, not the maps).
+    pub bytes: usize,
+    /// Spans not kept because their trace had [`MAX_SPANS_PER_TRACE`] longer ones.
+    pub spans_left_out: u64,
+    /// Traces evicted, oldest first, to stay within the bounds.
+    pub traces_evicted: u64,
 }
 
 /// A trace summary (for the trace list).
@@ -88,8 +191,10 @@ pub struct TraceSummary {
     pub start_unix_ns: u64,
     /// The root span's duration, ns.
     pub duration_ns: u64,
-    /// Spans recorded.
+    /// Spans kept (at most [`MAX_SPANS_PER_TRACE`]).
     pub spans: usize,
+    /// Spans of the trace not kept: it had [`MAX_SPANS_PER_TRACE`] longer ones.
+    pub spans_left_out: u64,
     /// Services taking part.
     pub services: Vec<String>,
     /// Whether any span was profiled at the high rate, and why.
@@ -99,11 +204,35 @@ pub struct TraceSummary {
 }
 
 impl RecentSpans {
-    /// An empty store keeping `max_traces` traces.
+    /// An empty store keeping `max_traces` traces and at most
+    /// [`DEFAULT_MAX_SPANS`] spans in all.
     pub fn new(max_traces: usize) -> Self {
         RecentSpans {
             inner: Arc::default(),
             max_traces: max_traces.max(1),
+            max_spans: DEFAULT_MAX_SPANS,
+        }
+    }
+
+    /// Keeps at most `max_spans` spans, all traces together (at least one trace's
+    /// worth: [`MAX_SPANS_PER_TRACE`]); the oldest traces are evicted first. Call it
+    /// before [`RecentSpans::processor`]: clones made earlier keep the old bound.
+    pub fn with_max_spans(mut self, max_spans: usize) -> Self {
+        self.max_spans = max_spans.max(MAX_SPANS_PER_TRACE);
+        self
+    }
+
+    /// What the store holds, with its bounds.
+    pub fn stats(&self) -> RecentSpansStats {
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        RecentSpansStats {
+            traces: g.traces.len(),
+            max_traces: self.max_traces,
+            spans: g.spans,
+            max_spans: self.max_spans,
+            bytes: g.bytes,
+            spans_left_out: g.left_out,
+            traces_evicted: g.traces_evicted,
         }
     }
 
@@ -119,21 +248,40 @@ impl RecentSpans {
 
     fn record(&self, rec: SpanRecord) {
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let key = rec.trace_id.clone();
-        if !g.traces.contains_key(&key) {
-            g.order.push_back(key.clone());
-            g.traces.insert(key.clone(), Trace { spans: Vec::new() });
+        let g = &mut *g;
+        let (kept_before, (added, left_out)) = match g.traces.get_mut(&rec.trace_id) {
+            Some(t) => (t.spans.len(), t.add(rec)),
+            None => {
+                g.order.push_back(rec.trace_id.clone());
+                let t = g.traces.entry(rec.trace_id.clone()).or_default();
+                (0, t.add(rec))
+            }
+        };
+        if kept_before < MAX_SPANS_PER_TRACE {
+            g.spans += 1;
         }
-        let t = g.traces.get_mut(&key).expect("inserted");
-        if t.spans.len() < MAX_SPANS_PER_TRACE {
-            t.spans.push(rec);
-        }
-        while g.traces.len() > self.max_traces {
-            let Some(old) = g.order.pop_front() else {
-                break;
-            };
-            g.traces.remove(&old);
-        }
+        g.bytes = g.bytes.saturating_add_signed(added);
+        g.left_out += u64::from(left_out);
+        while (g.traces.len() > self.max_traces || g.spans > self.max_spans) && g.evict_oldest() {}
+    }
+
+    /// Spans named `name` (exactly), slowest first, at most `limit`; only those of
+    /// `trace_id` when given.
+    pub fn spans_named(&self, name: &str, trace_id: Option<&str>, limit: usize) -> Vec<SpanRecord> {
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut found: Vec<&SpanRecord> = match trace_id {
+            Some(id) => g
+                .traces
+                .get(id)
+                .map(|t| &t.spans[..])
+                .unwrap_or_default()
+                .iter()
+                .collect(),
+            None => g.traces.values().flat_map(|t| t.spans.iter()).collect(),
+        };
+        found.retain(|s| s.name == name);
+        found.sort_by_key(|s| std::cmp::Reverse(s.duration_ns));
+        found.into_iter().take(limit).cloned().collect()
     }
 
     /// Traces, slowest root first; `route` filters on the root's name (substring).
@@ -142,7 +290,7 @@ impl RecentSpans {
         let mut v: Vec<TraceSummary> = g
             .traces
             .iter()
-            .filter_map(|(id, t)| summary(id, &t.spans))
+            .filter_map(|(id, t)| summary(id, t))
             .filter(|s| route.is_none_or(|r| s.root.contains(r)))
             .collect();
         v.sort_by_key(|t| std::cmp::Reverse(t.duration_ns));
@@ -169,7 +317,8 @@ impl RecentSpans {
     }
 }
 
-fn summary(id: &str, spans: &[SpanRecord]) -> Option<TraceSummary> {
+fn summary(id: &str, trace: &Trace) -> Option<TraceSummary> {
+    let spans = &trace.spans;
     let ids: std::collections::HashSet<&str> = spans.iter().map(|s| s.span_id.as_str()).collect();
     let root = spans
         .iter()
@@ -189,6 +338,7 @@ fn summary(id: &str, spans: &[SpanRecord]) -> Option<TraceSummary> {
         start_unix_ns: root.start_unix_ns,
         duration_ns: root.duration_ns,
         spans: spans.len(),
+        spans_left_out: trace.left_out,
         services,
         hot,
         root_span_id: root.span_id.clone(),

@@ -10,9 +10,11 @@ use spanprof_viewer::{Exposure, ViewerThread, debug_router, debug_router_with_ho
 use support::{assert_no_cors, assert_status, get, request, serve, viewer};
 
 /// Every kind of route: the page, the JSON API, a flamegraph, the pprof endpoint.
-const ROUTES: [&str; 5] = [
+const ROUTES: [&str; 7] = [
     "/debug/spanprof/",
     "/debug/spanprof/api/traces",
+    "/debug/spanprof/api/spans?name=apply",
+    "/debug/spanprof/api/memory",
     "/debug/spanprof/api/traces/0000000000000000000000000000abcd",
     "/debug/spanprof/flamegraph/00000000deadbeef",
     "/debug/spanprof/profile?span_id=00000000deadbeef",

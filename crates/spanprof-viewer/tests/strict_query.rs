@@ -92,6 +92,13 @@ async fn unknown_or_malformed_api_queries_are_refused() {
             "\"width\"",
         ),
         ("/debug/spanprof/diff/00000000deadbeef?mins=5", "\"mins\""),
+        ("/debug/spanprof/api/spans?name=apply&trace=x", "\"trace\""),
+        (
+            "/debug/spanprof/api/spans?name=apply&trace_id=abc",
+            "\"trace_id\"",
+        ),
+        ("/debug/spanprof/api/spans?limit=3", "\"name\""),
+        ("/debug/spanprof/api/memory?verbose=1", "\"verbose\""),
         (
             "/debug/spanprof/diff/00000000deadbeef?minutes=-1",
             "\"minutes\"",

@@ -1,8 +1,8 @@
 // The viewer in headless Chromium (Debian's, driven by playwright-core), 1400 px wide:
 // open the viewer, pick the slowest POST /checkout trace, pick its checkout span, and
-// check the flamegraph shows the code that made it slow, and that the trace list stays
-// inside its card (its last column was once drawn past the card's edge). Saves a
-// screenshot.
+// check the flamegraph shows the code that made it slow, that the slowest spans of a
+// name can be listed and opened, and that the lists stay inside their card (the trace
+// list's last column was once drawn past the card's edge). Saves a screenshot.
 //
 // node viewer.mjs <viewer url> <screenshot.png>
 import { chromium } from 'playwright-core';
@@ -21,7 +21,7 @@ const browser = await chromium.launch({
 async function traceListOverflow(page) {
   return page.evaluate(() => {
     const pane = document.getElementById('traces-pane').getBoundingClientRect();
-    const out = [...document.querySelectorAll('#traces, #traces th, #traces td')]
+    const out = [...document.querySelectorAll('#traces, #traces th, #traces td, #named, #named td')]
       .map((el) => [el, el.getBoundingClientRect()])
       .filter(([, r]) => r.right > pane.right + 0.5 || r.left < pane.left - 0.5)
       .map(([el, r]) => `${el.tagName} "${el.textContent.trim().slice(0, 24)}" at ${Math.round(r.left)}-${Math.round(r.right)}`);
@@ -53,6 +53,13 @@ try {
   if (!/check_price_rules|CartSerializer::to_json/.test(content)) {
     failed = 'the flamegraph does not show check_price_rules or CartSerializer::to_json';
   }
+  // The slowest `POST /checkout` spans (of the picked trace): one opens its trace
+  // with that span picked.
+  await page.fill('#span-name', 'POST /checkout');
+  const hit = page.locator('#named tr.span-hit').first();
+  await hit.waitFor({ timeout: 15000 });
+  await hit.click();
+  await page.locator('.span-row.selected[data-name="POST /checkout"]').waitFor({ timeout: 15000 });
   failed ??= await traceListOverflow(page);
 } catch (e) {
   failed = String(e);
