@@ -1,7 +1,7 @@
 //! `checkout`: spanprof's example shop.
 //!
 //! ```text
-//! checkout [--listen ADDR] [--viewer ADDR] [--load DURATION]
+//! checkout [--listen ADDR] [--viewer ADDR] [--load DURATION] [--stop-deadline D]
 //!                                                run the shop (and load it for DURATION, default 20s)
 //! checkout load --target URL [--duration D]      drive another instance
 //! ```
@@ -25,21 +25,21 @@ use spanprof_viewer::RecentSpans;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 const USAGE: &str = "usage:
-  checkout [--listen ADDR] [--viewer ADDR] [--load DURATION]
+  checkout [--listen ADDR] [--viewer ADDR] [--load DURATION] [--stop-deadline D]
       run the shop: its API on ADDR (default 127.0.0.1:3000; inventory and payments on
       loopback), the viewer on --viewer (loopback only, default 127.0.0.1:6060);
-      load it for DURATION (default 20s, 0 for none)
+      load it for DURATION (default 20s, 0 for none); after a signal, stop within D
+      (default 8s: inside docker stop's 10 s)
   checkout load --target URL [--duration D] [--concurrency N]
       drive another instance (default 20s, 4 clients)
 SIGINT (Ctrl-C) or SIGTERM stops it cleanly, during the load too.";
 
-/// How long a stop may take in all, from the signal to the exit: inside `docker
-/// stop`'s default grace period of 10 s (and Kubernetes' 30 s).
+/// How long a stop may take in all, from the signal to the exit, unless
+/// `--stop-deadline` says otherwise: inside `docker stop`'s default grace period of
+/// 10 s (and Kubernetes' 30 s). Requests in flight may take half of it to finish (open
+/// profile captures answer at once); the profile sinks and the spans then share what
+/// is left, flushing at the same time.
 const STOP_DEADLINE: Duration = Duration::from_secs(8);
-/// How long requests in flight may take to finish at shutdown (open profile
-/// captures answer at once); the profile sinks and the spans then share what is left
-/// of [`STOP_DEADLINE`], flushing at the same time.
-const DRAIN_DEADLINE: Duration = Duration::from_secs(4);
 
 fn duration(flag: &str, v: &str) -> Result<Duration, String> {
     spanprof::tower::parse_duration(v).map_err(|e| format!("{flag}: {e}"))
@@ -138,6 +138,7 @@ fn run(args: &[String]) -> Result<(), String> {
     }
     let mut cfg = ShopConfig::default();
     let mut load_for = Duration::from_secs(20);
+    let mut stop_deadline = STOP_DEADLINE;
     while let Some(a) = it.next() {
         let mut val = || {
             it.next()
@@ -158,6 +159,12 @@ fn run(args: &[String]) -> Result<(), String> {
                 }
             }
             "--load" => load_for = duration("--load", &val()?)?,
+            "--stop-deadline" => {
+                stop_deadline = duration("--stop-deadline", &val()?)?;
+                if stop_deadline < Duration::from_secs(1) {
+                    return Err("--stop-deadline: at least 1s, to flush the last spans".into());
+                }
+            }
             "-h" | "--help" => return Err("help".into()),
             other => return Err(format!("unknown argument `{other}`")),
         }
@@ -168,12 +175,17 @@ fn run(args: &[String]) -> Result<(), String> {
     spanprof::install_runtime_hooks(&mut builder);
     let rt = builder.enable_all().build().map_err(|e| e.to_string())?;
     let handle = profiler.clone();
-    rt.block_on(serve(cfg, load_for, profiler))?;
+    rt.block_on(serve(cfg, load_for, stop_deadline, profiler))?;
     handle.stop();
     Ok(())
 }
 
-async fn serve(cfg: ShopConfig, load_for: Duration, profiler: Profiler) -> Result<(), String> {
+async fn serve(
+    cfg: ShopConfig,
+    load_for: Duration,
+    stop_deadline: Duration,
+    profiler: Profiler,
+) -> Result<(), String> {
     // From the very start, so a signal during the start-up or the load is not lost.
     let (stop, signal_name) = Signals::listen()?.into_stop();
     let spans = RecentSpans::new(spanprof_viewer::DEFAULT_MAX_TRACES);
@@ -274,10 +286,10 @@ async fn serve(cfg: ShopConfig, load_for: Duration, profiler: Profiler) -> Resul
         );
     }
     stop.stopped().await;
-    let end = Instant::now() + STOP_DEADLINE;
+    let end = Instant::now() + stop_deadline;
     let name = signal_name.await.unwrap_or("signal");
 
-    let drained = shop.shutdown(DRAIN_DEADLINE).await;
+    let drained = shop.shutdown(stop_deadline / 2).await;
     let flushed = tokio::task::spawn_blocking(move || {
         let left = move || end.saturating_duration_since(Instant::now());
         profiler.flush();

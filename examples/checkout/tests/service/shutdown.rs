@@ -234,3 +234,71 @@ fn a_span_collector_outage_is_logged_and_loses_no_span() {
         .unwrap_or_else(|| panic!("a `stopped` line:\n{out}"));
     assert!(stopped.contains("spans flushed"), "{stopped}");
 }
+
+/// A collector that accepts connections and never answers, and a shorter deadline
+/// given with `--stop-deadline`: the example exits within it (plus the process's own
+/// start of exit), not after the default 8 s, and says the spans were not all sent.
+#[test]
+fn a_hung_collector_is_given_no_more_than_the_stop_deadline() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = hung.local_addr().unwrap();
+    std::thread::spawn(move || {
+        // Held open, never read from or answered.
+        let held: Vec<_> = hung.incoming().collect();
+        drop(held);
+    });
+    let mut ex = Example::spawn(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--viewer",
+            "127.0.0.1:0",
+            "--load",
+            "0",
+            "--stop-deadline",
+            "2s",
+        ],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &format!("http://{addr}")),
+            ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+        ],
+    );
+    let (api, _, _) = ex.addresses();
+    rt.block_on(async {
+        for i in 0..3 {
+            let (status, body) = checkout(api, i).await.unwrap();
+            assert_eq!(status, 200, "{body}");
+        }
+    });
+    let signalled = Instant::now();
+    ex.signal("TERM");
+    let status = ex.wait(Duration::from_secs(30));
+    let took = signalled.elapsed();
+    let (out, err) = (ex.stdout(), ex.stderr());
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}\n{out}\n{err}"
+    );
+    // The default deadline is 8 s: well past this bound.
+    assert!(
+        took < Duration::from_secs(5),
+        "stopped {took:?} after SIGTERM with --stop-deadline 2s\n{out}\n{err}"
+    );
+    let stopped = out
+        .lines()
+        .find(|l| l.starts_with("stopped"))
+        .unwrap_or_else(|| panic!("a `stopped` line:\n{out}"));
+    assert!(!stopped.contains("spans flushed"), "{stopped}");
+}
+
+#[test]
+fn a_stop_deadline_too_short_to_flush_is_refused() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_checkout"))
+        .args(["--stop-deadline", "100ms"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--stop-deadline: at least 1s"), "{err}");
+}
