@@ -72,11 +72,13 @@ impl fmt::Display for ProfilerError {
     }
 }
 
+/// The message already says the wrapped error's, so the chain goes on from that
+/// error's own cause: a report (anyhow's, eyre's) says each cause once.
 impl std::error::Error for ProfilerError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            ProfilerError::InvalidConfig(e) => Some(e),
-            ProfilerError::Io(e) => Some(e),
+            ProfilerError::InvalidConfig(e) => e.source(),
+            ProfilerError::Io(e) => e.source(),
             _ => None,
         }
     }

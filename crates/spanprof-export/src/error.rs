@@ -28,11 +28,13 @@ impl std::fmt::Display for ExportError {
     }
 }
 
+/// The message already says the wrapped error's, so the chain goes on from that
+/// error's own cause: a report (anyhow's, eyre's) says each cause once.
 impl std::error::Error for ExportError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            ExportError::Io(e) => Some(e),
-            ExportError::Config(e) => Some(e),
+            ExportError::Io(e) => e.source(),
+            ExportError::Config(e) => e.source(),
         }
     }
 }

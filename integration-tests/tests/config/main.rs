@@ -123,3 +123,62 @@ fn max_routes_out_of_bounds_is_named() {
     );
     assert!(build(spanprof_tower::MAX_MAX_ROUTES).is_ok());
 }
+
+/// The report a reader gets from an error and its `source()` chain, as anyhow and
+/// eyre print it: each message, then each cause's.
+fn report(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        out.push_str("\nCaused by: ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
+}
+
+/// An error either says its cause or returns it from `source()`, not both: else a
+/// report prints every cause twice.
+#[test]
+fn errors_report_their_cause_once() {
+    let io = || {
+        std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "perf_event_open: EACCES",
+        )
+    };
+    let config = || ConfigError::new("baseline_hz", "0 is not in 1..=1000");
+    let errors: Vec<(Box<dyn std::error::Error>, &str)> = vec![
+        (Box::new(spanprof::ProfilerError::Io(io())), "EACCES"),
+        (
+            Box::new(spanprof::ProfilerError::from(config())),
+            "0 is not in",
+        ),
+        (Box::new(spanprof::export::ExportError::Io(io())), "EACCES"),
+        (
+            Box::new(spanprof::export::ExportError::from(config())),
+            "0 is not in",
+        ),
+        (
+            Box::new(spanprof::pprof::decode(b"\x1f\x8bnot gzip").unwrap_err()),
+            "gzip",
+        ),
+        (
+            Box::new(spanprof::pprof::decode(b"\x0a\xff\xff\xff").unwrap_err()),
+            "protobuf",
+        ),
+    ];
+    for (e, needle) in errors {
+        let r = report(e.as_ref());
+        assert!(r.contains(needle), "{r}");
+        let lines: Vec<&str> = r
+            .lines()
+            .map(|l| l.trim_start_matches("Caused by: "))
+            .collect();
+        for (i, outer) in lines.iter().enumerate() {
+            for inner in &lines[i + 1..] {
+                assert!(!outer.contains(inner), "a cause reported twice:\n{r}");
+            }
+        }
+    }
+}

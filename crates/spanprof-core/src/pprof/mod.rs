@@ -88,11 +88,13 @@ impl fmt::Display for DecodeError {
     }
 }
 
+/// The message already says the wrapped error's, so the chain goes on from that
+/// error's own cause.
 impl std::error::Error for DecodeError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            DecodeError::Gzip(e) => Some(e),
-            DecodeError::Protobuf(e) => Some(e),
+            DecodeError::Gzip(e) => e.source(),
+            DecodeError::Protobuf(e) => e.source(),
         }
     }
 }
