@@ -17,10 +17,10 @@ use std::time::Duration;
 use crate::cache::{BoundedCache, CacheStats};
 use crate::profile::TRUNCATED_ADDR;
 use crate::profile::{Hotness, SampleLabels, Stack};
-use crate::record::LabelIds;
 use crate::store::{IncomingLabels, IncomingSample, SpanProfileStore};
 use crate::symbolize::AddressSymbolizer;
 use crate::sys;
+use crate::sys::record::LabelIds;
 use crate::sys::ring::{FLAG_LABELLED, FLAG_TRUNCATED, RawSample};
 use crate::window::WindowInner;
 

@@ -108,7 +108,7 @@ mod task_table {
     use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, Ordering};
 
     use super::COUNTERS;
-    use crate::record::LabelRecord;
+    use crate::sys::record::LabelRecord;
     use crate::sys::slot;
 
     /// Slots in the table: the most labelled tasks alive at once (16 bytes each).

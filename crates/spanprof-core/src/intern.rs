@@ -8,11 +8,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, RwLock};
 
 use crate::cache::FastMap;
+pub use crate::sys::record::{MAX_NAME_LEN, NameId};
 
 /// Default bound on distinct interned strings.
 pub const DEFAULT_MAX_NAMES: usize = 4096;
-/// Longest string kept; longer ones are cut at a character boundary.
-pub const MAX_NAME_LEN: usize = 128;
 /// What every name past the bound reads as.
 pub const OVERFLOW_NAME: &str = "(other)";
 
@@ -21,29 +20,7 @@ pub const OVERFLOW_NAME: &str = "(other)";
 /// the route of the span that started the work.
 pub const DETACHED_SPAN_NAME: &str = "(detached)";
 
-/// A span name or route interned once, for labels built many times over: what
-/// [`crate::SpanLabelsBuilder::span_name_id`] and
-/// [`crate::SpanLabelsBuilder::route_id`] take, so a layer that names the same
-/// routes on every request interns each name once (a lookup under the interner's
-/// lock and a hash) instead of once per request.
-///
-/// Interning is bounded like [`crate::SpanLabelsBuilder::span_name`]: past
-/// [`crate::intern_stats`]'s `max_names`, new names read [`OVERFLOW_NAME`].
-///
-/// ```
-/// use spanprof_core::{NameId, SpanLabels};
-/// let name = NameId::intern("GET /cart/{id}");
-/// let labels = SpanLabels::builder().span_id(1).span_name_id(name).build();
-/// assert_eq!(&*labels.span_name(), "GET /cart/{id}");
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NameId(pub(crate) u32);
-
 impl NameId {
-    pub(crate) const NONE: NameId = NameId(0);
-    pub(crate) const OVERFLOW: NameId = NameId(1);
-    pub(crate) const DETACHED: NameId = NameId(2);
-
     /// The id of `name` (at most [`MAX_NAME_LEN`] bytes kept), interning it if new.
     pub fn intern(name: &str) -> NameId {
         intern(name)

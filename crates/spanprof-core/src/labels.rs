@@ -4,12 +4,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
-use crate::sys::pool::RecordRef;
+use crate::sys::record::RecordRef;
 
 use crate::intern::{self, NameId};
 use crate::profile::Hotness;
-use crate::record::{ENDED, HOT_BITS, LabelIds, LabelRecord};
 use crate::sys;
+use crate::sys::record::{ENDED, HOT_BITS, LabelIds, LabelRecord};
 
 /// The labels of one span: trace id, span id, local-root span id, span name, route
 /// and whether the work is *hot* (profiled at the high rate).
@@ -283,7 +283,7 @@ impl SpanLabels {
     pub fn report_first_sample(&self) {
         self.record
             .flags
-            .fetch_or(crate::record::REPORT, Ordering::Relaxed);
+            .fetch_or(crate::sys::record::REPORT, Ordering::Relaxed);
     }
 
     /// Whether two handles point at the same label record.
@@ -461,7 +461,7 @@ impl SpanLabelsBuilder {
             // The local root's ids, and the name of the span itself (docs/design.md,
             // "OpenTelemetry's thread context").
             #[cfg(spanprof_otel_ctx)]
-            otel: crate::record::ThreadCtxRecord::new(
+            otel: crate::sys::record::ThreadCtxRecord::new(
                 self.trace_id,
                 root_span_id,
                 self.trace_flags,
@@ -490,7 +490,7 @@ impl SpanLabelsBuilder {
             polls: AtomicU64::new(0),
             max_poll_ns: AtomicU64::new(0),
             flags: AtomicU8::new(if self.report {
-                crate::record::REPORT
+                crate::sys::record::REPORT
             } else {
                 0
             }),

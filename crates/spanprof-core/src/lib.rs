@@ -18,7 +18,6 @@ mod otel_ctx;
 mod poll;
 pub mod pprof;
 mod profile;
-mod record;
 mod registration;
 mod sampler;
 pub mod scope;

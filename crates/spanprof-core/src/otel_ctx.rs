@@ -3,7 +3,7 @@
 //!
 //! - The **thread context** is the label slot itself (`sys::thread_ctx`): every push
 //!   publishes the record of the span being polled, which begins with its OTEP
-//!   record (`crate::record::ThreadCtxRecord`).
+//!   record (`crate::sys::record::ThreadCtxRecord`).
 //! - The **process context** (`sys::process_ctx`) carries the tracer provider's
 //!   `Resource` and the thread context's reference data: `threadlocal.schema_version`
 //!   and `threadlocal.attribute_key_map` ([`ATTRIBUTE_KEYS`]). It is published when

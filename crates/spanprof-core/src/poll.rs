@@ -21,9 +21,9 @@ use std::time::Duration;
 use crate::labels::SpanLabels;
 use crate::line::OwnLine;
 use crate::profile::Hotness;
-use crate::record::LabelRecord;
 use crate::sys;
-use crate::sys::pool::RecordRef;
+use crate::sys::record::LabelRecord;
+use crate::sys::record::RecordRef;
 
 /// Exact poll accounting of one span: time inside polls, number of polls, longest
 /// poll. Kept by the poller (no sampling involved) and published on the labels.
@@ -86,7 +86,7 @@ impl SpanLabels {
     /// in force until everything pushed after them has been popped.
     pub fn exit_detached(&self) -> bool {
         let popped = crate::sys::slot::pop_detached(&self.record);
-        crate::registration::after_pop(&self.record);
+        crate::sys::record::after_pop(&self.record);
         popped
     }
 
@@ -136,7 +136,7 @@ impl Drop for LabelGuard<'_> {
     #[inline]
     fn drop(&mut self) {
         sys::slot::restore(self.prev);
-        crate::registration::after_pop(self.rec);
+        crate::sys::record::after_pop(self.rec);
     }
 }
 

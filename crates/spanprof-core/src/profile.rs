@@ -451,6 +451,32 @@ impl fmt::Display for Profile {
     }
 }
 
+impl crate::sys::record::LabelIds {
+    /// The same identity with its names resolved to strings.
+    pub(crate) fn resolve(&self, hot: Hotness) -> SampleLabels {
+        SampleLabels {
+            trace_id: self.trace_id,
+            span_id: self.span_id,
+            parent_span_id: self.parent_span_id,
+            root_span_id: self.root_span_id,
+            span_name: crate::intern::resolve(self.span_name),
+            route: crate::intern::resolve(self.route),
+            hot,
+        }
+    }
+}
+
+impl crate::sys::record::LabelRecord {
+    /// Raises the hotness to at least `why`; never lowers it, and does nothing once
+    /// the span has ended. Returns the new state byte.
+    #[inline(always)]
+    pub(crate) fn promote(&self, why: Hotness) -> u8 {
+        self.promote_to(why as u8)
+    }
+}
+
+const _: () = assert!(Hotness::Slow as u8 == crate::sys::record::HOT_SLOW);
+
 #[cfg(test)]
 mod spine_tests {
     use super::*;

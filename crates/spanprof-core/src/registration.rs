@@ -14,8 +14,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::Ordering;
 
 use crate::labels::SpanLabels;
-use crate::record::{ENDED, HANDLED, LabelRecord, REPORT, SAMPLED};
-use crate::sys::pool::RecordRef;
+use crate::sys::record::{ENDED, LabelRecord, RecordRef};
 
 /// The hook: called once per sampled span, on a thread that just popped its labels.
 static HOOK: OnceLock<fn(&SpanLabels)> = OnceLock::new();
@@ -26,48 +25,25 @@ static HOOK: OnceLock<fn(&SpanLabels)> = OnceLock::new();
 /// registry learns which spans to write attributes for. Set once per process; later
 /// calls are ignored (returns whether this one took effect).
 pub fn on_first_sample(hook: fn(&SpanLabels)) -> bool {
-    HOOK.set(hook).is_ok()
+    let set = HOOK.set(hook).is_ok();
+    crate::sys::record::set_first_sample_callback(report);
+    set
 }
 
-/// After a pop of `rec`: hands its span over if a sample landed in it since. One load
-/// when nothing did.
-#[inline(always)]
-pub(crate) fn after_pop(rec: &LabelRecord) {
-    if needs_hand_over(rec) {
-        hand_over(rec);
-    }
-}
-
-/// Whether a pop of `rec` has a span to hand over: a sample landed in it since.
-#[inline(always)]
-pub(crate) fn needs_hand_over(rec: &LabelRecord) -> bool {
-    rec.flags.load(Ordering::Relaxed) & (SAMPLED | HANDLED) == SAMPLED
-}
-
-/// Hands `rec`'s span (and its local root's, sampled through it) to the hook, once
-/// each.
-#[cold]
-#[inline(never)]
-fn hand_over(rec: &LabelRecord) {
-    for r in std::iter::once(rec).chain(rec.root.as_deref()) {
-        if r.flags.load(Ordering::Relaxed) & (SAMPLED | HANDLED) != SAMPLED {
-            continue;
-        }
-        let flags = r.flags.fetch_or(HANDLED, Ordering::AcqRel);
-        if flags & HANDLED != 0 || flags & REPORT == 0 {
-            continue;
-        }
-        if let Some(hook) = HOOK.get() {
-            // An owning handle while the span is live, as the layer's own: whoever
-            // keeps it keeps the span from ending (the registry, until the span
-            // processor has the span).
-            let record = RecordRef::of(r);
-            let labels = if r.state.load(Ordering::Acquire) & ENDED == 0 {
-                SpanLabels::owning(record)
-            } else {
-                SpanLabels::carrying(record)
-            };
-            hook(&labels);
-        }
+/// What a pop of a sampled record calls ([`crate::sys::record::after_pop`]), once
+/// per span built with [`crate::SpanLabels::report_first_sample`]: the hook, with the
+/// span's labels.
+fn report(r: &LabelRecord) {
+    if let Some(hook) = HOOK.get() {
+        // An owning handle while the span is live, as the layer's own: whoever
+        // keeps it keeps the span from ending (the registry, until the span
+        // processor has the span).
+        let record = RecordRef::of(r);
+        let labels = if r.state.load(Ordering::Acquire) & ENDED == 0 {
+            SpanLabels::owning(record)
+        } else {
+            SpanLabels::carrying(record)
+        };
+        hook(&labels);
     }
 }

@@ -18,7 +18,7 @@ use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use crate::labels::SpanLabels;
 use crate::line::OwnLine;
-use crate::sys::pool::RecordRef;
+use crate::sys::record::RecordRef;
 
 /// Places per bucket.
 const WAYS: usize = 3;

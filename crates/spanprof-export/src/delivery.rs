@@ -392,6 +392,7 @@ impl Shared {
     }
 
     /// Whether the last attempt failed in a way worth retrying.
+    #[cfg_attr(not(feature = "otlp"), allow(dead_code))]
     pub(crate) fn failing(&self) -> bool {
         self.failing.load(Ordering::Relaxed)
     }
@@ -400,6 +401,7 @@ impl Shared {
     /// refused, or failed and queued for a retry), the sink is failing, or it
     /// stopped. What a caller that wants `export` to mean "sent" while the server
     /// answers, and "kept" while it does not, waits for.
+    #[cfg_attr(not(feature = "otlp"), allow(dead_code))]
     pub(crate) fn wait_first_try(&self, seq: u64, max: Duration) {
         let end = Instant::now() + max;
         let mut tried = self.tried.lock().unwrap_or_else(|e| e.into_inner());

@@ -1,6 +1,6 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
-// The interval thread that feeds a delivery (`sinks::Exporter`) only has users in the
+// The interval thread that feeds a delivery (`interval::Exporter`) only has users in the
 // HTTP sinks; without them it is compiled, unused, so `Sinks` keeps one shape.
 #![cfg_attr(not(any(feature = "pyroscope", feature = "otlp")), allow(dead_code))]
 
@@ -8,6 +8,7 @@ pub mod delivery;
 mod error;
 mod files;
 mod http;
+mod interval;
 #[cfg(feature = "otlp")]
 pub mod otlp;
 #[cfg(feature = "otlp")]
@@ -40,7 +41,7 @@ pub use error::ExportError;
 pub use http::read_ca_certificates;
 pub use http::{USER_AGENT, redact_url};
 #[cfg(any(feature = "pyroscope", feature = "otlp"))]
-pub(crate) use sinks::Exporter;
+pub(crate) use interval::Exporter;
 pub use sinks::Sinks;
 pub use source::ProfileSource;
 

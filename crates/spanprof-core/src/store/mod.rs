@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use crate::error::{ConfigError, ProfilerError};
 use crate::intern::NameId;
 use crate::profile::{Hotness, SampleLabels, Stack};
-use crate::record::LabelIds;
+use crate::sys::record::LabelIds;
 
 mod buckets;
 mod queries;

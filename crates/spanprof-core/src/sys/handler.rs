@@ -13,26 +13,18 @@ use std::ptr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::record::{ENDED, HOT_BITS, LabelIds, LabelRecord, SAMPLED};
 use super::ring::{FLAG_LABELLED, FLAG_PERF, FLAG_TRUNCATED};
-use super::thread::ThreadSampler;
+use super::thread::{SIGNAL, ThreadSampler, current_sampler};
 use super::timer::CpuTimer;
 use super::{perf, slot, unwind};
-use crate::record::{ENDED, HOT_BITS, LabelIds, LabelRecord, SAMPLED};
-
-/// The signal both the CPU timers and the perf events deliver.
-pub(crate) const SIGNAL: i32 = libc::SIGPROF;
 
 thread_local! {
-    static THREAD: Cell<*const ThreadSampler> = const { Cell::new(ptr::null()) };
     static IN_HANDLER: Cell<bool> = const { Cell::new(false) };
 }
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static INSTALLED: Mutex<Option<libc::sigaction>> = Mutex::new(None);
-
-pub(crate) fn set_current_thread(ts: *const ThreadSampler) {
-    THREAD.with(|t| t.set(ts));
-}
 
 /// Whether the calling thread is inside the profiling signal handler right now (for
 /// tests that prove the handler never allocates).
@@ -89,11 +81,11 @@ pub(crate) fn uninstall_handler() {
 /// `timer_settime`) per transition into hot work, nothing when already high.
 #[cold]
 pub(crate) fn on_hot_push(label_high_ns: u64) {
-    let ts = THREAD.with(|t| t.get());
+    let ts = current_sampler();
     if ts.is_null() || !ENABLED.load(Ordering::Relaxed) {
         return;
     }
-    // SAFETY: a non-null THREAD pointer is the `Arc<ThreadSampler>` of this thread,
+    // SAFETY: a non-null `current_sampler()` pointer is the `Arc<ThreadSampler>` of this thread,
     // kept alive by the registry until after the thread detaches (nulls THREAD).
     let ts = unsafe { &*ts };
     go_high(ts, label_high_ns);
@@ -121,7 +113,7 @@ pub(crate) fn on_hot_push(label_high_ns: u64) {
 /// finds no perf sample and re-arms it.
 #[cold]
 pub(crate) fn on_hot_end() {
-    let ts = THREAD.with(|t| t.get());
+    let ts = current_sampler();
     if ts.is_null() {
         return;
     }
@@ -403,7 +395,7 @@ extern "C" fn on_signal(_sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mu
 /// Only from `on_signal`, with the kernel's `info` and `uctx`.
 #[inline(always)]
 unsafe fn handle(info: *const SigInfoTimer, uctx: *mut libc::c_void) {
-    let ts = THREAD.with(|t| t.get());
+    let ts = current_sampler();
     if ts.is_null() || !ENABLED.load(Ordering::Acquire) {
         return;
     }
@@ -531,7 +523,7 @@ unsafe fn from_perf(info: *const SigInfoTimer) -> Option<bool> {
 fn hotness_at(r: &LabelRecord, time_ns: u64) -> (bool, u8) {
     let mut state = r.state.load(Ordering::Relaxed);
     if state == 0 && r.slow_deadline_ns != 0 && time_ns >= r.slow_deadline_ns {
-        state = r.promote(crate::profile::Hotness::Slow);
+        state = r.promote_to(super::record::HOT_SLOW);
     }
     if state & ENDED != 0 {
         (true, 0)

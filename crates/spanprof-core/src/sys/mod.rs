@@ -8,9 +8,9 @@
 //! on in a `// SAFETY:` comment.
 #![allow(unsafe_code)]
 
-pub(crate) mod pool;
 #[cfg(spanprof_otel_ctx)]
 pub(crate) mod process_ctx;
+pub(crate) mod record;
 #[cfg(spanprof_otel_ctx)]
 pub(crate) mod thread_ctx;
 pub(crate) use slot::outer_span_metadata;

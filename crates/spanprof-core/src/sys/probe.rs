@@ -385,7 +385,7 @@ fn recurse(depth: u32, iterations: u32) -> UnwindCost {
         )
     };
     let regs = super::unwind::Regs { pc, fp, sp };
-    let (lo, hi) = super::thread::current_stack_bounds().unwrap_or((0, 0));
+    let (lo, hi) = super::unwind::current_stack_bounds().unwrap_or((0, 0));
     let map = super::dwarf::current().expect("modules published");
     let mut out = [0u64; super::MAX_FRAMES];
     let time = |f: &mut dyn FnMut() -> usize| {

@@ -9,7 +9,7 @@ use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::MAX_FRAMES;
-use crate::record::LabelIds;
+use super::record::LabelIds;
 
 /// Flag bit: the work was hot when sampled.
 pub(crate) const FLAG_PERF: u32 = 1 << 0;

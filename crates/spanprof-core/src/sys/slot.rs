@@ -9,8 +9,8 @@ use std::cell::Cell;
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
-use super::pool::RecordRef;
-use crate::record::LabelRecord;
+use super::record::LabelRecord;
+use super::record::RecordRef;
 
 #[cfg(not(spanprof_otel_ctx))]
 thread_local! {
@@ -269,8 +269,7 @@ fn pop_where(
         }
         // A sampled span is handed over after this thread-local's borrow (the hook
         // is anyone's code): keep it alive until then.
-        let hand_over =
-            crate::registration::needs_hand_over(&d[i].record).then(|| d[i].record.clone());
+        let hand_over = d[i].record.needs_hand_over().then(|| d[i].record.clone());
         // Unwind every exited push on top whose record is what the slot holds.
         while let Some(top) = d.last() {
             if !top.exited || current_ptr() != top.record.as_ptr() {
@@ -286,7 +285,7 @@ fn pop_where(
     match popped {
         Some(hand_over) => {
             if let Some(record) = hand_over {
-                crate::registration::after_pop(&record);
+                super::record::after_pop(&record);
             }
             true
         }
@@ -387,7 +386,7 @@ pub(crate) fn hook_pop() {
     // restored by now): a record its task table entry keeps alive, since releases at
     // terminate are deferred to after this point.
     if let Some(r) = unsafe { popped.as_ref() } {
-        crate::registration::after_pop(r);
+        super::record::after_pop(r);
     }
     if depth == 0 {
         let n = HOOKS.with(|h| h.deferred_len.replace(0));

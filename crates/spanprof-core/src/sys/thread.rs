@@ -7,9 +7,25 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use super::Mechanism;
+use super::perf;
 use super::ring::SampleRing;
 use super::timer::CpuTimer;
-use super::{handler, perf};
+
+/// The signal both the CPU timers and the perf events deliver.
+pub(crate) const SIGNAL: i32 = libc::SIGPROF;
+
+thread_local! {
+    /// The sampler the calling thread's signal handler writes to ([`ThreadSampler::attach_current`]).
+    static CURRENT: std::cell::Cell<*const ThreadSampler> = const { std::cell::Cell::new(std::ptr::null()) };
+}
+
+/// The calling thread's sampler, null when the thread is not registered. A non-null
+/// pointer is the thread's `Arc<ThreadSampler>`, kept alive by the registry until
+/// after the thread detaches (which nulls it).
+#[inline(always)]
+pub(crate) fn current_sampler() -> *const ThreadSampler {
+    CURRENT.with(|t| t.get())
+}
 
 /// Per-thread sampler state. Shared between the owning thread's signal handler, the
 /// registry (arm/disarm under its lock) and the collector (drains the ring).
@@ -92,7 +108,7 @@ impl ThreadSampler {
     pub(crate) fn for_current_thread(ring_capacity: usize) -> Arc<Self> {
         // SAFETY: gettid and pthread_self have no preconditions.
         let (tid, pthread) = unsafe { (libc::gettid(), libc::pthread_self()) };
-        let (stack_lo, stack_hi) = current_stack_bounds().unwrap_or((0, 0));
+        let (stack_lo, stack_hi) = super::unwind::current_stack_bounds().unwrap_or((0, 0));
         Arc::new(ThreadSampler {
             tid,
             pthread,
@@ -138,12 +154,12 @@ impl ThreadSampler {
     /// Makes this the sampler the calling thread's signal handler writes to. Must be
     /// called on the thread this state was made for.
     pub(crate) fn attach_current(self: &Arc<Self>) {
-        handler::set_current_thread(Arc::as_ptr(self));
+        CURRENT.with(|t| t.set(Arc::as_ptr(self)));
     }
 
     /// Stops the calling thread's handler from using any sampler.
     pub(crate) fn detach_current() {
-        handler::set_current_thread(std::ptr::null());
+        CURRENT.with(|t| t.set(std::ptr::null()));
     }
 
     /// Arms the thread: a CPU timer at the baseline period and, when `use_perf`, perf
@@ -171,7 +187,7 @@ impl ThreadSampler {
             self.perf_wanted.store(true, Ordering::Release);
             mechanism = Mechanism::PerfEvent;
         }
-        let timer = CpuTimer::create(self.pthread, self.tid, handler::SIGNAL)?;
+        let timer = CpuTimer::create(self.pthread, self.tid, SIGNAL)?;
         self.timer_raw.store(timer.raw(), Ordering::Relaxed);
         self.timer_live.store(true, Ordering::Release);
         if !timer.set_period(baseline_ns) {
@@ -236,11 +252,7 @@ impl ThreadSampler {
         {
             return self.perf_fd.load(Ordering::Acquire);
         }
-        match perf::open(
-            self.tid,
-            self.high_ns.load(Ordering::Relaxed),
-            handler::SIGNAL,
-        ) {
+        match perf::open(self.tid, self.high_ns.load(Ordering::Relaxed), SIGNAL) {
             Ok(fd) => {
                 if self
                     .perf_fd
@@ -276,32 +288,12 @@ impl Drop for ThreadSampler {
     }
 }
 
-/// The calling thread's stack as `[lo, hi)`.
-pub(crate) fn current_stack_bounds() -> Option<(usize, usize)> {
-    // SAFETY: `attr` is initialised by pthread_getattr_np before use and destroyed
-    // once; the out-pointers are valid.
-    unsafe {
-        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
-        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
-            return None;
-        }
-        let mut addr: *mut libc::c_void = std::ptr::null_mut();
-        let mut size: libc::size_t = 0;
-        let rc = libc::pthread_attr_getstack(&attr, &mut addr, &mut size);
-        libc::pthread_attr_destroy(&mut attr);
-        if rc != 0 || addr.is_null() {
-            return None;
-        }
-        Some((addr as usize, addr as usize + size))
-    }
-}
-
 /// Whether this process may open per-thread perf events (tries one on the calling
 /// thread and closes it).
 pub(crate) fn probe_perf_events() -> Result<(), io::Error> {
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() };
-    let fd = perf::open(tid, 1_000_000, handler::SIGNAL)?;
+    let fd = perf::open(tid, 1_000_000, SIGNAL)?;
     perf::close(fd);
     Ok(())
 }

@@ -3,7 +3,7 @@
 //! with default visibility so that the executable can export it in `.dynsym`.
 //!
 //! It is the slot itself: a [`LabelRecord`] begins with its OTEP record
-//! (`crate::record::ThreadCtxRecord`, at offset 0 of a `#[repr(C)]` struct), so the
+//! (`super::record::ThreadCtxRecord`, at offset 0 of a `#[repr(C)]` struct), so the
 //! one pointer a push stores serves spanprof's signal handler and an outside reader
 //! alike, and a push or a pop costs what it costs without the feature.
 //!
@@ -14,7 +14,7 @@
 
 use std::sync::atomic::AtomicPtr;
 
-use crate::record::LabelRecord;
+use super::record::LabelRecord;
 
 // One pointer per thread in `.tbss` (zero at thread start), a global TLS object of 8
 // bytes. OTEP 4947 names the variable and asks for a pointer to the active record,

@@ -176,7 +176,7 @@ fn fp_probe_inner(x: usize) -> Option<bool> {
             core::arch::asm!("mov {}, rbp", out(reg) fp, options(nomem, nostack, preserves_flags))
         };
         let here = std::hint::black_box(&x) as *const usize as usize;
-        let (_, stack_hi) = super::thread::current_stack_bounds()?;
+        let (_, stack_hi) = current_stack_bounds()?;
         if fp < here || !fp.is_multiple_of(std::mem::align_of::<usize>()) || fp > stack_hi - 16 {
             return Some(false);
         }
@@ -190,6 +190,26 @@ fn fp_probe_inner(x: usize) -> Option<bool> {
     {
         let _ = x;
         None
+    }
+}
+
+/// The calling thread's stack as `[lo, hi)`.
+pub(crate) fn current_stack_bounds() -> Option<(usize, usize)> {
+    // SAFETY: `attr` is initialised by pthread_getattr_np before use and destroyed
+    // once; the out-pointers are valid.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+            return None;
+        }
+        let mut addr: *mut libc::c_void = std::ptr::null_mut();
+        let mut size: libc::size_t = 0;
+        let rc = libc::pthread_attr_getstack(&attr, &mut addr, &mut size);
+        libc::pthread_attr_destroy(&mut attr);
+        if rc != 0 || addr.is_null() {
+            return None;
+        }
+        Some((addr as usize, addr as usize + size))
     }
 }
 

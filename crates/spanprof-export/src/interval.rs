@@ -1,0 +1,155 @@
+//! The interval thread each network sink runs: take the interval's profile, encode
+//! it, hand it to its delivery.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use spanprof_core::Profile;
+
+use crate::delivery::Stopped;
+use crate::{Delivery, DeliveryStats, ProfileSource};
+
+/// The state of an interval thread.
+#[derive(Default)]
+struct IntervalState {
+    /// Shutdown asked for the last interval.
+    stop: bool,
+    /// The thread has queued its last interval and ended.
+    done: bool,
+    /// Shutdown gave up waiting for the last interval: it must not be queued.
+    abandoned: bool,
+}
+
+/// The interval loop shared by the network sinks: every interval, take a profile,
+/// encode it and queue it for delivery (never blocking on the network).
+pub(crate) struct Exporter {
+    pub(crate) name: &'static str,
+    state: Arc<(Mutex<IntervalState>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+    pub(crate) delivery: Delivery,
+}
+
+impl std::fmt::Debug for Exporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exporter")
+            .field("sink", &self.name)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Exporter {
+    pub(crate) fn start(
+        name: &'static str,
+        interval: Duration,
+        mut source: ProfileSource,
+        delivery: Delivery,
+        mut encode: impl FnMut(&Profile) -> Option<Vec<u8>> + Send + 'static,
+    ) -> Exporter {
+        let state: Arc<(Mutex<IntervalState>, Condvar)> = Arc::default();
+        let thread = {
+            let state = state.clone();
+            let queue = delivery.shared();
+            std::thread::Builder::new()
+                .name(format!("spanprof-{name}-interval"))
+                .spawn(move || {
+                    let (lock, cv) = &*state;
+                    loop {
+                        let stopped = {
+                            let g = lock.lock().unwrap_or_else(|e| e.into_inner());
+                            let (g, _) = cv
+                                .wait_timeout_while(g, interval, |s| !s.stop)
+                                .unwrap_or_else(|e| e.into_inner());
+                            g.stop
+                        };
+                        // The last interval is taken at shutdown too. A panic in the
+                        // source or the encoder costs this interval, not the sink.
+                        let payload =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                encode(&source.next())
+                            }));
+                        let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());
+                        match payload {
+                            Ok(Some(p)) if !g.abandoned => {
+                                queue.enqueue(p, 1);
+                            }
+                            Ok(_) => {}
+                            Err(panic) => queue.lost_to_panic("taking a profile", &*panic, 1),
+                        }
+                        if stopped {
+                            g.done = true;
+                            cv.notify_all();
+                            return;
+                        }
+                    }
+                })
+                .expect("spawn an exporter thread")
+        };
+        Exporter {
+            name,
+            state,
+            thread: Some(thread),
+            delivery,
+        }
+    }
+
+    pub(crate) fn stats(&self) -> DeliveryStats {
+        self.delivery.stats()
+    }
+
+    /// Stops this sink alone: its last interval, then its queue flushed until empty
+    /// or `deadline` (what [`crate::Sinks::shutdown`] does for several at once).
+    pub(crate) fn shutdown(mut self, deadline: Duration) -> DeliveryStats {
+        let end = Instant::now() + deadline;
+        self.stop_interval();
+        self.wait_interval(end);
+        self.delivery.begin_close(end);
+        self.delivery.finish_close()
+    }
+
+    /// Asks the interval thread for its last interval.
+    pub(crate) fn stop_interval(&self) {
+        let (lock, cv) = &*self.state;
+        lock.lock().unwrap_or_else(|e| e.into_inner()).stop = true;
+        cv.notify_all();
+    }
+
+    /// Waits for the last interval until `end`; past it, that interval is dropped
+    /// and counted (`dropped_shutdown`) and the thread is left to end by itself.
+    pub(crate) fn wait_interval(&mut self, end: Instant) {
+        let (lock, cv) = &*self.state;
+        let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());
+        while !g.done {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                g.abandoned = true;
+                self.delivery.shared().count_dropped_shutdown();
+                self.thread = None;
+                return;
+            }
+            g = cv
+                .wait_timeout(g, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        drop(g);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            // Stop at once: what is queued is dropped and counted; the stop is
+            // logged, saying that the handle was dropped.
+            let end = Instant::now();
+            self.stop_interval();
+            self.wait_interval(end);
+            self.delivery.begin_close(end);
+            self.delivery.finish_close_as(Stopped::Dropped);
+        }
+    }
+}
