@@ -40,6 +40,9 @@ impl std::fmt::Debug for Exporter {
 }
 
 impl Exporter {
+    /// Starts the interval thread of the sink `name` (`pyroscope`, `otlp-profiles`:
+    /// what its stats and logs are reported as; the thread is
+    /// `spanprof-{name}-interval`).
     pub(crate) fn start(
         name: &'static str,
         interval: Duration,

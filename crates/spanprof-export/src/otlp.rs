@@ -854,7 +854,7 @@ impl OtlpProfilesExporter {
         );
         let service =
             crate::SinkServiceName::new("otlp-profiles", "service.name", &cfg.service_name);
-        let exporter = Exporter::start("otlp-interval", cfg.interval, source, delivery, move |p| {
+        let exporter = Exporter::start("otlp-profiles", cfg.interval, source, delivery, move |p| {
             (!p.samples.is_empty()).then(|| export_request(p, &service.current()).encode_to_vec())
         });
         Ok(OtlpProfilesExporter { exporter })

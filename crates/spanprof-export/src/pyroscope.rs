@@ -414,7 +414,7 @@ impl PyroscopeExporter {
         let service = crate::SinkServiceName::new("pyroscope", "service_name", &cfg.service_name);
         let mut cfg = cfg;
         let exporter = Exporter::start(
-            "pyroscope-interval",
+            "pyroscope",
             cfg.interval,
             source,
             delivery,

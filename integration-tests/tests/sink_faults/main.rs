@@ -312,6 +312,9 @@ async fn shutdown_of_two_hung_sinks_shares_one_deadline() {
         .push(OtlpProfilesExporter::start(ocfg, numbered_source()).unwrap());
     until_requests(&receiver, 2).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
+    // Each sink is reported under the name its logs and docs use.
+    let names: Vec<&str> = sinks.stats().into_iter().map(|s| s.0).collect();
+    assert_eq!(names, ["pyroscope", "otlp-profiles"]);
     let (took, stats) = tokio::task::spawn_blocking(move || {
         let t = Instant::now();
         let stats: Vec<DeliveryStats> = sinks.shutdown(DEADLINE).into_iter().map(|s| s.1).collect();
