@@ -14,7 +14,7 @@
 //! With `--floor` it measures spanprof's cost per sample at 1 kHz against the
 //! machine's floor (an empty handler, a signal-free kernel ring). With
 //! `--pause-resume` it times what a hot request's resume and pause of its thread's
-//! perf event cost (`spanprof_core::sample_floor_probe::pause_resume_cost`, `--iterations`
+//! perf event cost (`spanprof_core::testing::sample_floor::pause_resume_cost`, `--iterations`
 //! pairs per round, 200 000 by default), beside a thread CPU clock read and `getppid`.
 //! With `--unwind` it times one walk of a stack by each of the handler's unwinders
 //! (frame pointers; DWARF with a warm and with a cold cache).
@@ -103,10 +103,10 @@ fn run_sampled(secs: f64, sampling: Sampling) -> (f64, f64) {
     (iters / cpu, samples / cpu)
 }
 
-/// The machine's floor per sample (`spanprof_core::sample_floor_probe`, Linux only).
+/// The machine's floor per sample (`spanprof_core::testing::sample_floor`, Linux only).
 mod floor {
     use super::Sampling;
-    use spanprof_core::sample_floor_probe::{RingProbe, SignalProbe};
+    use spanprof_core::testing::sample_floor::{RingProbe, SignalProbe};
 
     pub enum Probe {
         Signal(SignalProbe),
@@ -135,11 +135,11 @@ mod floor {
     }
 
     pub fn install() {
-        spanprof_core::sample_floor_probe::install_empty_handler().expect("probe handler");
+        spanprof_core::testing::sample_floor::install_empty_handler().expect("probe handler");
     }
 
     pub fn uninstall() {
-        spanprof_core::sample_floor_probe::uninstall_empty_handler();
+        spanprof_core::testing::sample_floor::uninstall_empty_handler();
     }
 }
 
@@ -288,7 +288,7 @@ fn floor_run(secs: f64, rounds: usize) {
 fn pause_resume_run(rounds: usize, iterations: u32) {
     let (mut pair, mut clock, mut plain) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {
-        let c = spanprof_core::sample_floor_probe::pause_resume_cost(iterations)
+        let c = spanprof_core::testing::sample_floor::pause_resume_cost(iterations)
             .expect("perf event (perf_event_paranoid <= 2)");
         eprintln!(
             "round {round}: ENABLE+DISABLE {:.2} µs, thread CPU clock {:.2} µs, getppid {:.2} µs",
@@ -317,7 +317,7 @@ fn unwind_run(rounds: usize, iterations: u32) {
         let (mut fp, mut dwarf, mut cold) = (Vec::new(), Vec::new(), Vec::new());
         let mut frames = (0, 0);
         for round in 0..rounds {
-            let c = spanprof_core::sample_floor_probe::unwind_cost(depth, iterations)
+            let c = spanprof_core::testing::sample_floor::unwind_cost(depth, iterations)
                 .expect("a DWARF unwinder (x86_64)");
             eprintln!(
                 "round {round}, depth {depth}: frame pointers {:.0} ns ({} frames), DWARF {:.0} ns ({} frames), DWARF cold {:.0} ns",

@@ -458,8 +458,8 @@ impl SpanLabelsBuilder {
         let root_span_id = self.root_span_id.unwrap_or(self.span_id);
         // The one owner is this handle (`owners` starts at 1: no atomic add).
         SpanLabels::owned(RecordRef::new(LabelRecord {
-            // The local root's ids, and the name of the span itself (docs/design.md,
-            // "OpenTelemetry's thread context").
+            // The local root's ids, so that an outside reader charges the tree to its
+            // root as spanprof's own profiles do, and the name of the span itself.
             #[cfg(spanprof_otel_ctx)]
             otel: crate::sys::record::ThreadCtxRecord::new(
                 self.trace_id,

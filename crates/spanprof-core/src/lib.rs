@@ -71,42 +71,6 @@ pub use threads::{
 };
 pub use window::{DEFAULT_WINDOW_ENTRIES, ProfileWindow};
 
-#[cfg(all(spanprof_sampler, feature = "testing"))]
-pub use sys::HandlerAllocCounter;
-#[cfg(feature = "testing")]
-pub use sys::{POISON_BYTE, QuarantineAlloc};
-
-/// The machine's floor for one CPU sample (an empty `SIGPROF` handler re-armed by
-/// `ioctl`, and a signal-free kernel ring buffer), for the `rate_sweep --floor`
-/// benchmark. Linux only; not part of the profiler.
-#[doc(hidden)]
-#[cfg(all(spanprof_sampler, feature = "testing"))]
-pub use sys::probe as sample_floor_probe;
-
-/// Whether the calling thread is inside spanprof's profiling signal handler right
-/// now. For tests: a counting global allocator uses it to prove the handler never
-/// allocates.
-#[doc(hidden)]
-pub fn in_signal_handler() -> bool {
-    sys::in_signal_handler()
-}
-
-/// Holds the name interner's lock until the returned guard drops: for tests that
-/// show a path does not take it.
-#[doc(hidden)]
-#[cfg(feature = "testing")]
-pub fn hold_name_interner_for_test() -> intern::InternerHeld {
-    intern::hold()
-}
-
-/// Forks a child that sleeps `secs` seconds and exits; returns its pid. For tests of
-/// what a child process inherits.
-#[doc(hidden)]
-#[cfg(all(target_os = "linux", feature = "testing"))]
-pub fn fork_sleeping_child_for_test(secs: u32) -> i32 {
-    sys::fork_sleeping_child(secs)
-}
-
 /// The frame limit of one sample: deeper stacks are cut and marked
 /// `[truncated: stack deeper than the unwind limit]`.
 pub const MAX_FRAMES: usize = sys::MAX_FRAMES;
@@ -126,11 +90,44 @@ pub fn current_tid() -> i32 {
     sys::current_tid()
 }
 
-/// Sends spanprof's profiling signal (`SIGPROF`) to thread `tid` of this process. The
-/// handler ignores signals it did not arm; tests use this to interrupt system calls
-/// on purpose. Returns whether the signal was sent.
-#[doc(hidden)]
-#[cfg(spanprof_sampler)]
-pub fn send_profiling_signal_for_test(tid: i32) -> bool {
-    sys::signal_thread(tid)
+/// Hooks for spanprof's own tests and benchmarks (feature `testing`): allocators that
+/// watch the signal handler and label records, the sample-floor probes, and ways to
+/// provoke what tests need to see. Not part of the profiler's API.
+#[cfg(feature = "testing")]
+pub mod testing {
+    #[cfg(spanprof_sampler)]
+    pub use crate::sys::HandlerAllocCounter;
+    /// The machine's floor for one CPU sample (an empty `SIGPROF` handler re-armed by
+    /// `ioctl`, and a signal-free kernel ring buffer), for the `rate_sweep --floor`
+    /// benchmark. Linux only.
+    #[cfg(spanprof_sampler)]
+    pub use crate::sys::probe as sample_floor;
+    pub use crate::sys::{POISON_BYTE, QuarantineAlloc};
+
+    /// Whether the calling thread is inside spanprof's profiling signal handler right
+    /// now: a counting global allocator uses it to prove the handler never allocates.
+    pub fn in_signal_handler() -> bool {
+        crate::sys::in_signal_handler()
+    }
+
+    /// Holds the name interner's lock until the returned guard drops: for tests that
+    /// show a path does not take it.
+    pub fn hold_name_interner() -> crate::intern::InternerHeld {
+        crate::intern::hold()
+    }
+
+    /// Forks a child that sleeps `secs` seconds and exits; returns its pid. For tests
+    /// of what a child process inherits.
+    #[cfg(target_os = "linux")]
+    pub fn fork_sleeping_child(secs: u32) -> i32 {
+        crate::sys::fork_sleeping_child(secs)
+    }
+
+    /// Sends spanprof's profiling signal (`SIGPROF`) to thread `tid` of this process.
+    /// The handler ignores signals it did not arm; tests use this to interrupt system
+    /// calls on purpose. Returns whether the signal was sent.
+    #[cfg(spanprof_sampler)]
+    pub fn send_profiling_signal(tid: i32) -> bool {
+        crate::sys::signal_thread(tid)
+    }
 }

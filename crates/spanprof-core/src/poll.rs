@@ -171,7 +171,7 @@ pub(crate) fn exit_span(span: u64) -> bool {
 }
 
 /// The clock of poll accounting: the TSC through quanta (a few ns a read, where
-/// `Instant::now()` costs ~23 ns on these machines; docs/design.md).
+/// `Instant::now()` costs ~23 ns on these machines).
 static CLOCK: OwnLine<LazyLock<quanta::Clock>> = OwnLine(LazyLock::new(quanta::Clock::new));
 
 /// A span's poll accounting and slow promotion, kept by whoever polls its work: each

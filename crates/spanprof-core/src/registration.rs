@@ -8,7 +8,7 @@
 //! built with [`crate::SpanLabels::report_first_sample`], calls the hook. A
 //! pop follows every poll a sample can land in, and a span ends after its polls, so
 //! a sampled span is handed over before its end is seen. Spans no sample touches cost
-//! one load per pop and nothing else (docs/design.md, "What a request pays").
+//! one load per pop and nothing else.
 
 use std::sync::OnceLock;
 use std::sync::atomic::Ordering;

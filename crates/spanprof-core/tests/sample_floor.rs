@@ -1,4 +1,4 @@
-//! The per-sample floor probes (`spanprof_core::sample_floor_probe`, used by
+//! The per-sample floor probes (`spanprof_core::testing::sample_floor`, used by
 //! `rate_sweep --floor`) deliver samples: a busy thread at 1 kHz gets signals in the
 //! empty handler (re-armed after each one), and records in the kernel ring. Counts,
 //! not timings: each probe must see at least a fifth of the samples 150 ms of CPU
@@ -8,7 +8,7 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use spanprof_core::sample_floor_probe::{
+use spanprof_core::testing::sample_floor::{
     RingProbe, SignalProbe, install_empty_handler, uninstall_empty_handler,
 };
 
@@ -56,7 +56,7 @@ fn both_floor_probes_count_samples() {
 fn the_pause_resume_probe_enables_the_event_and_times_every_call() {
     // The probe fails if its ENABLE did nothing (the kernel reports the event's
     // enabled time); each figure is a mean over real calls, so none can be zero.
-    let cost = spanprof_core::sample_floor_probe::pause_resume_cost(2_000)
+    let cost = spanprof_core::testing::sample_floor::pause_resume_cost(2_000)
         .expect("perf event (perf_event_paranoid <= 2)");
     for (name, us) in [
         ("enable_disable_pair_us", cost.enable_disable_pair_us),

@@ -439,7 +439,7 @@ mod tests {
         warm_rx
             .recv_timeout(Duration::from_secs(10))
             .expect("warmed up");
-        let held = spanprof_core::hold_name_interner_for_test();
+        let held = spanprof_core::testing::hold_name_interner();
         go_tx.send(()).ok();
         let waited = done_rx.recv_timeout(Duration::from_secs(2)).is_err();
         drop(held);

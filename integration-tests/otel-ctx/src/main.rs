@@ -141,7 +141,7 @@ async fn work(Path(n): Path<u64>) -> String {
 }
 
 async fn fork() -> String {
-    spanprof_core::fork_sleeping_child_for_test(5).to_string()
+    spanprof_core::testing::fork_sleeping_child(5).to_string()
 }
 
 /// Keeps each exported span as a line.

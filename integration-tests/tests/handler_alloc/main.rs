@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use spanprof::{Hotness, Profiler, SpanLabels};
-use spanprof_core::HandlerAllocCounter;
+use spanprof_core::testing::HandlerAllocCounter;
 
 #[global_allocator]
 static ALLOC: HandlerAllocCounter = HandlerAllocCounter::new();

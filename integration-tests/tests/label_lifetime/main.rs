@@ -16,7 +16,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use spanprof_core::{POISON_BYTE, QuarantineAlloc};
+use spanprof_core::testing::{POISON_BYTE, QuarantineAlloc};
 
 #[global_allocator]
 static ALLOC: QuarantineAlloc = QuarantineAlloc::new();
@@ -82,7 +82,7 @@ fn fire_and_forget_tasks_never_expose_a_freed_label_record() {
         // Let the last chains finish before the runtime shuts down: tokio runs the
         // spawn hook of a task spawned during shutdown after it has already shut the
         // task down (and run its terminate hook), which would leave that one entry in
-        // the table (docs/design.md, "known limits").
+        // the table (docs/architecture.md, "Known limits").
         tokio::time::sleep(Duration::from_millis(100)).await;
     });
     drop(rt);

@@ -499,7 +499,7 @@ fn system_calls_interrupted_by_the_signal_are_restarted() {
     for round in 0..200 {
         std::thread::sleep(Duration::from_millis(2));
         for _ in 0..5 {
-            if spanprof_core::send_profiling_signal_for_test(tid) {
+            if spanprof_core::testing::send_profiling_signal(tid) {
                 sent += 1;
             }
         }

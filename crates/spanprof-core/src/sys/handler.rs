@@ -7,6 +7,7 @@
 //! allocation, no lock, no panic (every index is bounds-checked by construction and
 //! the arithmetic saturates), and errno is saved and restored.
 
+#[cfg(feature = "testing")]
 use std::cell::Cell;
 use std::io;
 use std::ptr;
@@ -19,6 +20,7 @@ use super::thread::{SIGNAL, ThreadSampler, current_sampler};
 use super::timer::CpuTimer;
 use super::{perf, slot, unwind};
 
+#[cfg(feature = "testing")]
 thread_local! {
     static IN_HANDLER: Cell<bool> = const { Cell::new(false) };
 }
@@ -28,6 +30,7 @@ static INSTALLED: Mutex<Option<libc::sigaction>> = Mutex::new(None);
 
 /// Whether the calling thread is inside the profiling signal handler right now (for
 /// tests that prove the handler never allocates).
+#[cfg(feature = "testing")]
 pub(crate) fn in_signal_handler() -> bool {
     IN_HANDLER.with(|c| c.get())
 }
@@ -383,9 +386,11 @@ struct SigInfoTimer {
 extern "C" fn on_signal(_sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
     // SAFETY: __errno_location returns this thread's errno slot; always valid.
     let errno = unsafe { *libc::__errno_location() };
+    #[cfg(feature = "testing")]
     IN_HANDLER.with(|c| c.set(true));
     // SAFETY: the kernel passes a valid siginfo and ucontext to an SA_SIGINFO handler.
     unsafe { handle(info as *const SigInfoTimer, uctx) };
+    #[cfg(feature = "testing")]
     IN_HANDLER.with(|c| c.set(false));
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
@@ -456,7 +461,7 @@ unsafe fn handle(info: *const SigInfoTimer, uctx: *mut libc::c_void) {
     if let Some(waiting) = written {
         count_sample(ts, rec, ended, weight_ns);
         // Half full: wake the drain thread rather than wait for its interval (the
-        // one system call here, once per half ring; docs/design.md).
+        // one system call here, once per half ring).
         if waiting == ts.ring.half() {
             super::wake::request_drain();
         }

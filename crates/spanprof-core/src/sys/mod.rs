@@ -40,9 +40,11 @@ mod wake;
 
 #[cfg(all(spanprof_sampler, feature = "testing"))]
 pub use alloc_counter::HandlerAllocCounter;
+#[cfg(all(spanprof_sampler, feature = "testing"))]
+pub(crate) use handler::in_signal_handler;
 #[cfg(spanprof_sampler)]
 pub(crate) use handler::{
-    in_signal_handler, install_handler, on_hot_end, on_hot_push, set_enabled, uninstall_handler,
+    install_handler, on_hot_end, on_hot_push, set_enabled, uninstall_handler,
 };
 #[cfg(feature = "testing")]
 pub use quarantine::{POISON_BYTE, QuarantineAlloc};
@@ -194,7 +196,7 @@ pub(crate) fn current_tid() -> i32 {
 /// Sends the profiling signal to thread `tid` of this process (as `kill` would: the
 /// handler ignores it, `SI_TKILL`), for tests of how system calls fare when the
 /// signal interrupts them.
-#[cfg(spanprof_sampler)]
+#[cfg(all(spanprof_sampler, feature = "testing"))]
 pub(crate) fn signal_thread(tid: i32) -> bool {
     // SAFETY: tgkill only sends a signal; a wrong tid yields ESRCH, nothing unsafe.
     unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, libc::SIGPROF) == 0 }

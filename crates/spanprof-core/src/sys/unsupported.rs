@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 
 use super::ring::SampleRing;
 
+#[cfg(feature = "testing")]
 pub(crate) fn in_signal_handler() -> bool {
     false
 }
