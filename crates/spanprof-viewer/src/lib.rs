@@ -15,6 +15,6 @@ pub use debug::{
 pub use guard::DEFAULT_ALLOWED_HOSTS;
 pub use router::{Exposure, MAX_CONCURRENT_RENDERS, VIEWER_PATH, Viewer, ViewerThread, serve};
 pub use spans::{
-    DEFAULT_MAX_SPANS, DEFAULT_MAX_TRACES, MAX_SPANS_PER_TRACE, RecentSpans, RecentSpansStats,
-    SpanRecord, SpanRecorder, TraceSummary,
+    DEFAULT_MAX_RECENT_SPANS, DEFAULT_MAX_TRACES, MAX_SPANS_PER_TRACE, RecentSpans,
+    RecentSpansStats, SpanRecord, SpanRecorder, TraceSummary,
 };

@@ -16,7 +16,7 @@ use serde::Serialize;
 /// Default number of traces kept.
 pub const DEFAULT_MAX_TRACES: usize = 2_000;
 /// Default number of spans kept, all traces together (about 20 MB of records).
-pub const DEFAULT_MAX_SPANS: usize = 50_000;
+pub const DEFAULT_MAX_RECENT_SPANS: usize = 50_000;
 /// Most spans kept per trace. Past it, a trace keeps its local roots (spans
 /// without a parent) and its longest other spans: a connection trace of thousands
 /// of commands keeps the connection span and its slowest commands; the others are
@@ -205,12 +205,12 @@ pub struct TraceSummary {
 
 impl RecentSpans {
     /// An empty store keeping `max_traces` traces and at most
-    /// [`DEFAULT_MAX_SPANS`] spans in all.
+    /// [`DEFAULT_MAX_RECENT_SPANS`] spans in all.
     pub fn new(max_traces: usize) -> Self {
         RecentSpans {
             inner: Arc::default(),
             max_traces: max_traces.max(1),
-            max_spans: DEFAULT_MAX_SPANS,
+            max_spans: DEFAULT_MAX_RECENT_SPANS,
         }
     }
 
