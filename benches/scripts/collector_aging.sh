@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CPU per request of the collector and the tokio workers of one `overhead` server, over
 # its life: N chunks of CHUNK seconds of JSON requests at RATE per second, read from
-# /proc/PID/task/*/schedstat after each (docs/lab/overhead-history.md, 6.).
+# /proc/PID/task/*/schedstat after each.
 #
 #   cargo build --release -p spanprof-bench --bin overhead
 #   benches/scripts/collector_aging.sh baseline 1000 60 5

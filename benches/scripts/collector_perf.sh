@@ -3,8 +3,7 @@
 # server of MODE, WARM seconds of JSON requests at 1 000/s (past the first minute's
 # symbolization), then REC more seconds under `perf record` of the collector thread
 # alone. Prints the collector's and the drain thread's CPU per request over the
-# recording; the profile is left in /tmp/collector.perf.data
-# (docs/lab/overhead-history.md, 11.).
+# recording; the profile is left in /tmp/collector.perf.data.
 #
 #   cargo build --release -p spanprof-bench --bin overhead
 #   benches/scripts/collector_perf.sh baseline 90 60

@@ -9,20 +9,23 @@ pub mod burner {
 
 /// The documentation's pages under `docs/`, whose Rust snippets `cargo test --doc`
 /// compiles and runs here (this crate has every dependency they use). Every page is
-/// listed (`tests/docs` checks it), so a snippet added to any of them is tested. The
-/// historical notebooks under `docs/lab/` hold no Rust snippets and are not listed.
+/// listed (`tests/docs` checks it), so a snippet added to any of them is tested.
 #[cfg(doctest)]
 pub mod docs {
-    #[doc = include_str!("../../docs/design.md")]
-    pub mod design {}
+    #[doc = include_str!("../../docs/architecture.md")]
+    pub mod architecture {}
     #[doc = include_str!("../../docs/ebpf-profiler.md")]
     pub mod ebpf_profiler {}
+    #[doc = include_str!("../../docs/getting-started.md")]
+    pub mod getting_started {}
     #[doc = include_str!("../../docs/grafana.md")]
     pub mod grafana {}
     #[doc = include_str!("../../docs/layer.md")]
     pub mod layer {}
     #[doc = include_str!("../../docs/performance.md")]
     pub mod performance {}
+    #[doc = include_str!("../../docs/platform.md")]
+    pub mod platform {}
     #[doc = include_str!("../../docs/sinks.md")]
     pub mod sinks {}
     #[doc = include_str!("../../docs/viewer.md")]
