@@ -277,7 +277,7 @@ impl Drop for PprofFileExporter {
 
 /// Writes `profile` as `spanprof-<unix ms>-<seq>.pb.gz` in `dir` (atomically: a
 /// temporary name, then a rename) and returns its path.
-pub fn write_one(
+pub(crate) fn write_one(
     dir: &Path,
     profile: &spanprof_core::Profile,
     seq: u64,

@@ -6,7 +6,7 @@
 use crate::{ExportError, RejectStatus, SendError};
 
 /// `User-Agent` of every request spanprof sends.
-pub const USER_AGENT: &str = concat!("spanprof/", env!("CARGO_PKG_VERSION"));
+pub(crate) const USER_AGENT: &str = concat!("spanprof/", env!("CARGO_PKG_VERSION"));
 
 #[cfg(any(feature = "pyroscope", feature = "otlp"))]
 pub(crate) fn validate_url(field: &str, url: &str) -> Result<(), ExportError> {

@@ -23,15 +23,13 @@ pub use delivery::{
     DEFAULT_SHUTDOWN_DEADLINE, Delivery, DeliveryConfig, DeliveryStats, RejectStatus, SendError,
     Transport,
 };
-pub use files::{
-    DEFAULT_FILE_INTERVAL, DEFAULT_MAX_FILES, PprofFileConfig, PprofFileExporter, write_one,
-};
+pub use files::{DEFAULT_FILE_INTERVAL, DEFAULT_MAX_FILES, PprofFileConfig, PprofFileExporter};
 #[cfg(feature = "otlp")]
 pub use otlp::{OtlpProfilesConfig, OtlpProfilesExporter, OtlpProtocol};
 #[cfg(feature = "otlp")]
 pub use otlp_spans::{
     DEFAULT_SPAN_QUEUE_BATCHES, DEFAULT_SPAN_QUEUE_BYTES, OtlpSpanExporter, OtlpSpansConfig,
-    SpanDeliveryHandle, TRACES_HTTP_PATH,
+    SpanDeliveryHandle,
 };
 #[cfg(feature = "pyroscope")]
 pub use pyroscope::{PyroscopeAuth, PyroscopeConfig, PyroscopeExporter};
@@ -39,7 +37,7 @@ pub use pyroscope::{PyroscopeAuth, PyroscopeConfig, PyroscopeExporter};
 pub use error::ExportError;
 #[cfg(any(feature = "pyroscope", feature = "otlp"))]
 pub use http::read_ca_certificates;
-pub use http::{USER_AGENT, redact_url};
+pub use http::redact_url;
 #[cfg(any(feature = "pyroscope", feature = "otlp"))]
 pub(crate) use interval::Exporter;
 pub use sinks::Sinks;

@@ -252,7 +252,10 @@ impl OtlpTarget {
 /// Parses an `OTEL_EXPORTER_OTLP_*HEADERS` value: `key=value` pairs separated by
 /// commas, keys and values percent-encoded (the W3C Baggage form the OpenTelemetry
 /// specification uses). Errors name `name` and never echo a value.
-pub fn parse_otlp_headers(name: &str, value: &str) -> Result<Vec<(String, String)>, ExportError> {
+pub(crate) fn parse_otlp_headers(
+    name: &str,
+    value: &str,
+) -> Result<Vec<(String, String)>, ExportError> {
     let mut out = Vec::new();
     for (i, entry) in value.split(',').enumerate() {
         if entry.trim().is_empty() {
@@ -388,7 +391,10 @@ impl<K: std::hash::Hash + Eq, V: Default> Table<K, V> {
 
 /// Builds the export request for one profile (one resource, one scope, one profile,
 /// one shared dictionary).
-pub fn export_request(profile: &Profile, service_name: &str) -> ExportProfilesServiceRequest {
+pub(crate) fn export_request(
+    profile: &Profile,
+    service_name: &str,
+) -> ExportProfilesServiceRequest {
     let mut dict = Dictionary::new();
     let cpu = dict.string("cpu");
     let nanoseconds = dict.string("nanoseconds");

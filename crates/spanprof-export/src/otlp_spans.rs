@@ -32,7 +32,7 @@ use crate::otlp::{OtlpProtocol, OtlpTarget, Signal, start_delivery};
 use crate::{DEFAULT_SHUTDOWN_DEADLINE, ExportError};
 
 /// The HTTP path of the traces signal.
-pub const TRACES_HTTP_PATH: &str = "/v1/traces";
+pub(crate) const TRACES_HTTP_PATH: &str = "/v1/traces";
 /// The gRPC method spans are exported with.
 const TRACES_GRPC_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
 /// Default bound of the spans queued, in bytes of their encoded batches: 64 MiB,

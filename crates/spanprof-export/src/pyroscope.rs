@@ -251,7 +251,7 @@ impl PyroscopeConfig {
 }
 
 /// The gzip'd pprof of one push: `profile` with only the [`PUSH_SAMPLE_LABELS`].
-pub fn push_pprof(profile: &Profile) -> Vec<u8> {
+pub(crate) fn push_pprof(profile: &Profile) -> Vec<u8> {
     // Leave the per-request ids out of the labels (and so out of the string table)…
     let mut bounded: HashMap<*const SampleLabels, Arc<SampleLabels>> = HashMap::new();
     let samples = profile
@@ -299,7 +299,7 @@ pub fn push_pprof(profile: &Profile) -> Vec<u8> {
 
 /// A new random profile id in the form Pyroscope's ingester parses: a version 4
 /// UUID (`8-4-4-4-12` lowercase hex digits).
-pub fn new_profile_id() -> String {
+pub(crate) fn new_profile_id() -> String {
     use std::hash::{BuildHasher, RandomState};
     use std::sync::atomic::{AtomicU64, Ordering};
     static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -323,8 +323,9 @@ pub fn new_profile_id() -> String {
     )
 }
 
-/// Encodes one push of a gzip'd pprof profile (see [`push_pprof`]) with profile id
-/// `id` (see [`new_profile_id`]).
+/// Encodes one push of a gzip'd pprof profile with profile id `id`: the request body
+/// the exporter sends (public for the wire-format tests).
+#[doc(hidden)]
 pub fn push_request(cfg: &PyroscopeConfig, pprof_gz: Vec<u8>, id: String) -> Vec<u8> {
     proto::push::v1::PushRequest {
         series: vec![proto::push::v1::RawProfileSeries {

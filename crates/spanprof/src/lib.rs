@@ -1,5 +1,8 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
+// docs.rs builds with `--cfg docsrs` (Cargo.toml's `[package.metadata.docs.rs]`): each
+// item behind a feature then says which.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The profiler and how it samples.
 pub use spanprof_core::{
@@ -53,6 +56,7 @@ pub mod defaults {
 /// OpenTelemetry's process context (OTEP 4719) and thread context (OTEP 4947), for
 /// profilers outside the process (the repository's `docs/ebpf-profiler.md`).
 #[cfg(feature = "otel-thread-ctx")]
+#[cfg_attr(docsrs, doc(cfg(feature = "otel-thread-ctx")))]
 pub mod otel_thread_ctx {
     pub use spanprof_core::{
         ATTRIBUTE_KEYS, ProcessContext, SCHEMA_VERSION, set_process_context_resource,
@@ -75,24 +79,50 @@ pub mod otel_thread_ctx {
 /// }
 /// ```
 #[cfg(feature = "macros")]
+#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
 pub use spanprof_macros::main;
 
 /// The Tower middleware, the tracing layer and the OpenTelemetry span processor.
 #[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod tower {
-    pub use spanprof_tower::*;
+    /// A plain hyper service wrapper (feature `hyper`).
+    #[cfg(feature = "hyper")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "hyper")))]
+    pub mod hyper_service {
+        pub use spanprof_tower::hyper_service::*;
+    }
+    pub use spanprof_tower::{
+        ATTR_BUSY_NS, ATTR_CPU_NS, ATTR_CPU_SAMPLES, ATTR_HOT, ATTR_IDLE_NS, ATTR_MAX_POLL_NS,
+        ATTR_POLLS, ATTR_PROFILE_ID, ConfigError, DEFAULT_MAX_ROUTES, DEFAULT_SAMPLE_RATE,
+        DEFAULT_SLOW_AFTER, DefaultRoute, GrpcRoute, MAX_MAX_ROUTES, MAX_TRACKED_SPANS, MakeRoute,
+        PolicyConfig, ProfileCorrelation, ProfileCorrelationLayer, ProfileCorrelationLayerBuilder,
+        ProfileScope, ProfiledBody, ResponseFuture, RoutePolicy, RoutePolicyConfig,
+        SpanExportStats, SpanExportWatch, SpanProfileLayer, SpanProfileProcessor, SpanSelector,
+        UNKNOWN_ROUTE, UNMATCHED_ROUTE, WatchedBatch, ended_unexported, extract_trace_context,
+        parse_duration, rate_picks, tracking_evicted,
+    };
 }
 
 #[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub use spanprof_tower::{
     ProfileCorrelationLayer, RoutePolicy, SpanProfileLayer, SpanProfileProcessor, SpanSelector,
 };
 
-/// Sinks: periodic pprof files, `/debug/spanprof/profile`, Grafana Pyroscope push and
-/// OTLP profiles, with delivery that survives outages.
+/// Sinks: periodic pprof files, Grafana Pyroscope push, OTLP profiles and spans, with
+/// delivery that survives outages.
 #[cfg(feature = "export")]
+#[cfg_attr(docsrs, doc(cfg(feature = "export")))]
 pub mod export {
-    pub use spanprof_export::*;
+    pub use spanprof_export::{
+        DEFAULT_FILE_INTERVAL, DEFAULT_MAX_FILES, DEFAULT_SHUTDOWN_DEADLINE,
+        DEFAULT_SPAN_QUEUE_BATCHES, DEFAULT_SPAN_QUEUE_BYTES, Delivery, DeliveryConfig,
+        DeliveryStats, ExportError, OtlpProfilesConfig, OtlpProfilesExporter, OtlpProtocol,
+        OtlpSpanExporter, OtlpSpansConfig, PprofFileConfig, PprofFileExporter, ProfileSource,
+        PyroscopeAuth, PyroscopeConfig, PyroscopeExporter, RejectStatus, SendError, Sinks,
+        SpanDeliveryHandle, Transport, read_ca_certificates, redact_url,
+    };
 }
 
 /// The embedded viewer: recent traces, a span's waterfall and its flamegraph at
@@ -101,6 +131,13 @@ pub mod export {
 /// The one line (see the crate's front page for the span recorder it reads):
 /// `ViewerThread::start(Viewer::new(profiler, spans), addr, Exposure::LoopbackOnly)?`.
 #[cfg(feature = "viewer")]
+#[cfg_attr(docsrs, doc(cfg(feature = "viewer")))]
 pub mod viewer {
-    pub use spanprof_viewer::*;
+    pub use spanprof_viewer::{
+        DEBUG_PROFILE_PATH, DEFAULT_ALLOWED_HOSTS, DEFAULT_MAX_RECENT_SPANS, DEFAULT_MAX_TRACES,
+        DebugEndpointStats, Exposure, MAX_CONCURRENT_RENDERS, MAX_CONCURRENT_WINDOWS,
+        MAX_SPANS_PER_TRACE, RecentSpans, RecentSpansStats, SpanRecord, SpanRecorder, TraceSummary,
+        VIEWER_PATH, Viewer, ViewerThread, debug_endpoint_stats, debug_router,
+        debug_router_with_hosts, serve,
+    };
 }
