@@ -20,6 +20,7 @@ pub mod pprof;
 mod profile;
 mod registration;
 mod sampler;
+#[doc(hidden)]
 pub mod scope;
 mod service;
 pub mod setup;
@@ -42,24 +43,33 @@ pub use intern::{
     DEFAULT_MAX_NAMES, DETACHED_SPAN_NAME, InternStats, MAX_NAME_LEN, NameId, OVERFLOW_NAME,
     intern_stats, set_max_names,
 };
-pub use labels::{SpanLabels, SpanLabelsBuilder, current_labels, current_span_id, labels_active};
+pub use labels::{SpanLabels, SpanLabelsBuilder, current_labels, labels_active};
 #[cfg(feature = "otel-thread-ctx")]
 pub use otel_ctx::{ATTRIBUTE_KEYS, ProcessContext, SCHEMA_VERSION, set_process_context_resource};
-pub use poll::{LabelGuard, PollStats, PollTimer};
+pub use poll::{LabelGuard, PollStats};
 pub use profile::{
     Frame, FunctionCost, Hotness, Profile, ProfileSample, SampleLabels, SpanCost, Stack,
-    physical_frames,
 };
-pub use registration::on_first_sample;
 pub use sampler::{
     Capabilities, DEFAULT_BASELINE_HZ, DEFAULT_CACHE_BYTES, DEFAULT_DRAIN_INTERVAL,
     DEFAULT_HIGH_HZ, MAX_HIGH_HZ, MemoryStats, Profiler, ProfilerBuilder, Sampling, TIMER_MAX_HZ,
 };
 #[doc(inline)]
 pub use scope::ProfileScope;
-pub use service::{
-    env_service_name, percent_decode, resource_service_name, set_resource_service_name,
-};
+pub use service::env_service_name;
+
+// Plumbing for spanprof's own crates (the layers, the sinks): public so that they can
+// reach it, hidden from the docs. The facade, `spanprof`, is the documented API.
+#[doc(hidden)]
+pub use labels::current_span_id;
+#[doc(hidden)]
+pub use poll::PollTimer;
+#[doc(hidden)]
+pub use profile::physical_frames;
+#[doc(hidden)]
+pub use registration::on_first_sample;
+#[doc(hidden)]
+pub use service::{percent_decode, resource_service_name, set_resource_service_name};
 pub use store::{
     DEFAULT_BUCKET_WIDTH, DEFAULT_BUCKETS, DEFAULT_MAX_BYTES, DEFAULT_MAX_SPANS,
     DEFAULT_MAX_STACKS, SpanProfileStore, SpanSummary, StoreConfig, StoreStats,
@@ -86,6 +96,7 @@ pub fn process_cpu_time() -> std::time::Duration {
 }
 
 /// The calling thread's kernel thread id (`gettid`).
+#[doc(hidden)]
 pub fn current_tid() -> i32 {
     sys::current_tid()
 }
@@ -94,6 +105,7 @@ pub fn current_tid() -> i32 {
 /// watch the signal handler and label records, the sample-floor probes, and ways to
 /// provoke what tests need to see. Not part of the profiler's API.
 #[cfg(feature = "testing")]
+#[doc(hidden)]
 pub mod testing {
     #[cfg(spanprof_sampler)]
     pub use crate::sys::HandlerAllocCounter;
