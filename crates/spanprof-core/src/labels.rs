@@ -489,6 +489,10 @@ impl SpanLabelsBuilder {
             busy_ns: AtomicU64::new(0),
             polls: AtomicU64::new(0),
             max_poll_ns: AtomicU64::new(0),
+            cpu_clock_ns: AtomicU64::new(crate::sys::record::CPU_NOT_MEASURED),
+            sched_delay_ns: AtomicU64::new(0),
+            preempted_ns: AtomicU64::new(0),
+            long_polls: AtomicU64::new(0),
             flags: AtomicU8::new(if self.report {
                 crate::sys::record::REPORT
             } else {

@@ -6,6 +6,7 @@
 #![cfg_attr(not(spanprof_sampler), allow(dead_code))]
 
 mod cache;
+mod clock;
 mod collector;
 mod error;
 mod future;
@@ -13,6 +14,7 @@ mod hooks;
 mod intern;
 mod labels;
 mod line;
+mod offcpu;
 #[cfg(feature = "otel-thread-ctx")]
 mod otel_ctx;
 mod poll;
@@ -46,7 +48,7 @@ pub use intern::{
 pub use labels::{SpanLabels, SpanLabelsBuilder, current_labels, labels_active};
 #[cfg(feature = "otel-thread-ctx")]
 pub use otel_ctx::{ATTRIBUTE_KEYS, ProcessContext, SCHEMA_VERSION, set_process_context_resource};
-pub use poll::{LabelGuard, PollStats};
+pub use poll::{DEFAULT_LONG_POLL, LabelGuard, PollStats, long_polls};
 pub use profile::{
     Frame, FunctionCost, Hotness, Profile, ProfileSample, SampleLabels, SpanCost, Stack,
 };

@@ -14,20 +14,23 @@
 //! `LabelRecord::promote`.
 
 use std::marker::PhantomData;
-use std::sync::LazyLock;
-use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::task::{Context, Waker};
+use std::time::{Duration, Instant};
 
+use crate::clock::CLOCK;
 use crate::labels::SpanLabels;
-use crate::line::OwnLine;
+use crate::offcpu::{ThreadTimes, WakeStamp};
 use crate::profile::Hotness;
 use crate::sys;
 use crate::sys::record::LabelRecord;
 use crate::sys::record::RecordRef;
 
 /// Exact poll accounting of one span: time inside polls, number of polls, longest
-/// poll. Kept by the poller (no sampling involved) and published on the labels.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// poll, and, for work profiled at the high rate, where the time inside and between
+/// polls went. Kept by the poller (no sampling involved) and published on the labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PollStats {
     /// Wall time spent inside polls of the span's work, in nanoseconds.
@@ -36,15 +39,56 @@ pub struct PollStats {
     pub polls: u64,
     /// Longest single poll, in nanoseconds.
     pub max_poll_ns: u64,
+    /// CPU time inside the polls, read from the polling thread's CPU clock, when every
+    /// poll read it: work profiled at the high rate from its first poll (the clock
+    /// costs about 0.25 µs a read, so cold work does not read it). `None` otherwise:
+    /// the sample estimate ([`crate::SpanLabels::cpu_ns`]) stands in.
+    pub cpu_clock_ns: Option<u64>,
+    /// Time the work was runnable, woken, before its next poll began: a busy runtime's
+    /// delay. Measured for polls of work profiled at the high rate (from the poll it
+    /// turned hot), through [`PollTimer::poll_with_context`].
+    pub sched_delay_ns: u64,
+    /// Time inside the polls the polling thread was runnable but not running:
+    /// preempted by the OS on a busy machine (`/proc/thread-self/schedstat`'s run
+    /// delay). Read with the CPU clock, for the same polls.
+    pub preempted_ns: u64,
+    /// Polls longer than the poller's long-poll threshold ([`PollTimer::long_poll`]).
+    pub long_polls: u64,
+}
+
+impl Default for PollStats {
+    /// No polls yet: every one of them (none) read the CPU clock.
+    fn default() -> Self {
+        PollStats {
+            busy_ns: 0,
+            polls: 0,
+            max_poll_ns: 0,
+            cpu_clock_ns: Some(0),
+            sched_delay_ns: 0,
+            preempted_ns: 0,
+            long_polls: 0,
+        }
+    }
 }
 
 impl PollStats {
-    /// Accounts one poll of `ns` nanoseconds.
+    /// Accounts one poll of `ns` nanoseconds that did not read the CPU clock.
     #[inline]
     pub fn record(&mut self, ns: u64) {
+        self.record_poll(ns, None);
+    }
+
+    /// Accounts one poll of `ns` nanoseconds, `cpu_ns` of them on CPU if the thread's
+    /// CPU clock was read around it.
+    #[inline]
+    pub fn record_poll(&mut self, ns: u64, cpu_ns: Option<u64>) {
         self.busy_ns += ns;
         self.polls += 1;
         self.max_poll_ns = self.max_poll_ns.max(ns);
+        self.cpu_clock_ns = match (self.cpu_clock_ns, cpu_ns) {
+            (Some(sum), Some(cpu)) => Some(sum + cpu.min(ns)),
+            _ => None,
+        };
     }
 }
 
@@ -55,20 +99,38 @@ impl SpanLabels {
     /// Publishes the poll accounting of this span (replacing what was there).
     #[inline]
     pub fn publish_poll_stats(&self, stats: PollStats) {
-        self.record.busy_ns.store(stats.busy_ns, Ordering::Relaxed);
-        self.record.polls.store(stats.polls, Ordering::Relaxed);
-        self.record
-            .max_poll_ns
-            .store(stats.max_poll_ns, Ordering::Relaxed);
+        let r = &self.record;
+        r.busy_ns.store(stats.busy_ns, Ordering::Relaxed);
+        r.polls.store(stats.polls, Ordering::Relaxed);
+        r.max_poll_ns.store(stats.max_poll_ns, Ordering::Relaxed);
+        r.cpu_clock_ns.store(
+            stats
+                .cpu_clock_ns
+                .unwrap_or(crate::sys::record::CPU_NOT_MEASURED),
+            Ordering::Relaxed,
+        );
+        r.sched_delay_ns
+            .store(stats.sched_delay_ns, Ordering::Relaxed);
+        r.preempted_ns.store(stats.preempted_ns, Ordering::Relaxed);
+        r.long_polls.store(stats.long_polls, Ordering::Relaxed);
     }
 
     /// The poll accounting last published.
     #[inline]
     pub fn poll_stats(&self) -> PollStats {
+        let r = &self.record;
+        let cpu = r.cpu_clock_ns.load(Ordering::Relaxed);
+        let polls = r.polls.load(Ordering::Relaxed);
         PollStats {
-            busy_ns: self.record.busy_ns.load(Ordering::Relaxed),
-            polls: self.record.polls.load(Ordering::Relaxed),
-            max_poll_ns: self.record.max_poll_ns.load(Ordering::Relaxed),
+            busy_ns: r.busy_ns.load(Ordering::Relaxed),
+            polls,
+            max_poll_ns: r.max_poll_ns.load(Ordering::Relaxed),
+            // Polls accounted on the record directly (`account_poll`: inner spans)
+            // never read the clock.
+            cpu_clock_ns: (cpu != crate::sys::record::CPU_NOT_MEASURED && polls > 0).then_some(cpu),
+            sched_delay_ns: r.sched_delay_ns.load(Ordering::Relaxed),
+            preempted_ns: r.preempted_ns.load(Ordering::Relaxed),
+            long_polls: r.long_polls.load(Ordering::Relaxed),
         }
     }
 
@@ -170,9 +232,29 @@ pub(crate) fn exit_span(span: u64) -> bool {
     })
 }
 
-/// The clock of poll accounting: the TSC through quanta (a few ns a read, where
-/// `Instant::now()` costs ~23 ns on these machines).
-static CLOCK: OwnLine<LazyLock<quanta::Clock>> = OwnLine(LazyLock::new(quanta::Clock::new));
+/// Rate limit of the long-poll warning: the first, then at most one a minute, saying
+/// how many were not logged in between.
+struct WarnLimit {
+    state: Mutex<(Option<Instant>, u64)>,
+}
+
+impl WarnLimit {
+    /// Whether to log now, and how many were held back since the last one logged.
+    fn admit(&self) -> Option<u64> {
+        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (last, held) = &mut *g;
+        if last.is_some_and(|t| t.elapsed() < Duration::from_secs(60)) {
+            *held += 1;
+            return None;
+        }
+        *last = Some(Instant::now());
+        Some(std::mem::take(held))
+    }
+}
+
+static LONG_POLL_WARNINGS: WarnLimit = WarnLimit {
+    state: Mutex::new((None, 0)),
+};
 
 /// A span's poll accounting and slow promotion, kept by whoever polls its work: each
 /// poll runs with the labels pushed and is timed into [`PollStats`]; work still cold
@@ -203,6 +285,27 @@ pub struct PollTimer {
     /// Nested [`PollTimer::enter`]s, and when the outermost began.
     depth: u32,
     entered_at: u64,
+    /// A poll at least this long is a long poll (0: none is).
+    long_poll_ns: u64,
+    /// The waker hot work's polls get: stamps the first wake after each poll.
+    wake: Option<Arc<WakeStamp>>,
+}
+
+/// The default long-poll threshold ([`PollTimer::long_poll`]): a poll that holds a
+/// runtime worker this long delays every task queued behind it.
+pub const DEFAULT_LONG_POLL: Duration = Duration::from_millis(10);
+
+/// A long poll of cold work (no CPU clock read) is reported (logged) only at this many
+/// times the threshold: shorter ones may be the OS preempting the thread.
+const COLD_REPORT_FACTOR: u64 = 5;
+
+/// Long polls seen in this process ([`long_polls`]).
+static LONG_POLLS: AtomicU64 = AtomicU64::new(0);
+
+/// Polls longer than their poller's long-poll threshold, in this process so far
+/// (each is also counted on its span, `spanprof.long_polls`).
+pub fn long_polls() -> u64 {
+    LONG_POLLS.load(Ordering::Relaxed)
 }
 
 impl PollTimer {
@@ -216,7 +319,27 @@ impl PollTimer {
             slow_after_ns: slow_after.map(|d| d.as_nanos().min(u128::from(u64::MAX)) as u64),
             depth: 0,
             entered_at: 0,
+            long_poll_ns: DEFAULT_LONG_POLL.as_nanos() as u64,
+            wake: None,
         }
+    }
+
+    /// Counts polls of at least `threshold` as long polls (`None`: none is). Defaults
+    /// to [`DEFAULT_LONG_POLL`]. Every long poll is counted on the span
+    /// ([`PollStats::long_polls`]), which then gets its figures though no sample may
+    /// have landed in it. For work profiled at the high rate (which reads the CPU
+    /// clock and the run delay, and leaves time the OS preempted the thread out of
+    /// the poll's), a long poll of [`PollTimer::poll`] or
+    /// [`PollTimer::poll_with_context`] also adds an INFO event `spanprof.long_poll`
+    /// (its duration, CPU, preemption, and whether it was blocked off CPU) to the
+    /// `tracing` span current around the poll, and is logged at WARN: the first, then
+    /// at most one a minute. Cold work's long polls are logged only past five times
+    /// the threshold, where a busy machine is an unlikely cause.
+    #[inline]
+    pub fn long_poll(mut self, threshold: Option<Duration>) -> Self {
+        self.long_poll_ns =
+            threshold.map_or(0, |d| d.as_nanos().clamp(1, u128::from(u64::MAX)) as u64);
+        self
     }
 
     /// Calibrates the clock now (quanta spins for milliseconds on first use), so the
@@ -231,12 +354,140 @@ impl PollTimer {
     pub fn poll<T>(&mut self, labels: &SpanLabels, f: impl FnOnce() -> T) -> T {
         let t0 = CLOCK.raw();
         self.promote_if_slow(labels, t0);
+        // Hot work from its first poll reads the thread's CPU clock and run delay
+        // around each poll (about 1.4 µs in all: hot work only).
+        let clock = self.stats.cpu_clock_ns.is_some() && labels.record.is_hot();
+        let before = if clock {
+            ThreadTimes::now()
+        } else {
+            ThreadTimes::default()
+        };
         let out = {
             let _guard = labels.enter();
             f()
         };
-        self.stats.record(CLOCK.delta_as_nanos(t0, CLOCK.raw()));
+        let ns = CLOCK.delta_as_nanos(t0, CLOCK.raw());
+        let spent = clock.then(|| ThreadTimes::now().since(before));
+        let cpu = spent.map(|s| s.cpu_ns.min(ns));
+        self.stats.record_poll(ns, cpu);
+        let preempted = match (spent, cpu) {
+            (Some(s), Some(cpu)) => s.run_delay_ns.min(ns - cpu),
+            _ => 0,
+        };
+        self.stats.preempted_ns += preempted;
+        // Time the OS took the thread away is not the poll's: hot work, which reads
+        // the run delay, leaves it out.
+        if self.long_poll_ns != 0 && ns - preempted >= self.long_poll_ns {
+            self.on_long_poll(labels, ns, cpu, preempted);
+        }
         out
+    }
+
+    /// [`PollTimer::poll`] for a future's `poll`, with its `cx`: for work profiled at
+    /// the high rate, the inner future gets a waker that records when it is woken,
+    /// and the time from that wake to the next poll counts as scheduling delay
+    /// ([`PollStats::sched_delay_ns`]). Cold work gets `cx` as it is.
+    #[inline]
+    pub fn poll_with_context<T>(
+        &mut self,
+        labels: &SpanLabels,
+        cx: &mut Context<'_>,
+        f: impl FnOnce(&mut Context<'_>) -> T,
+    ) -> T {
+        if !labels.record.is_hot() {
+            return self.poll(labels, || f(cx));
+        }
+        self.poll_stamped(labels, cx, f)
+    }
+
+    #[inline(never)]
+    fn poll_stamped<T>(
+        &mut self,
+        labels: &SpanLabels,
+        cx: &mut Context<'_>,
+        f: impl FnOnce(&mut Context<'_>) -> T,
+    ) -> T {
+        let start = CLOCK.raw();
+        let stamp = self.wake.get_or_insert_with(WakeStamp::take).clone();
+        let woken = stamp.at.swap(0, Ordering::Relaxed);
+        if woken != 0 {
+            self.stats.sched_delay_ns += CLOCK.delta_as_nanos(woken, start);
+        }
+        {
+            let mut inner = stamp.inner.lock().unwrap_or_else(|e| e.into_inner());
+            if !inner.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                *inner = Some(cx.waker().clone());
+            }
+        }
+        let waker = Waker::from(stamp.clone());
+        let mut stamped = Context::from_waker(&waker);
+        let out = self.poll(labels, || f(&mut stamped));
+        // Woken during the poll: runnable from its end.
+        let end = CLOCK.raw();
+        let during = stamp.at.load(Ordering::Relaxed);
+        if during != 0 && during < end {
+            let _ = stamp
+                .at
+                .compare_exchange(during, end, Ordering::Relaxed, Ordering::Relaxed);
+        }
+        out
+    }
+
+    /// Counts a long poll and reports it: an event on the current `tracing` span and,
+    /// rate limited, a warning naming the span and its route.
+    #[cold]
+    #[inline(never)]
+    fn on_long_poll(&mut self, labels: &SpanLabels, ns: u64, cpu: Option<u64>, preempted: u64) {
+        self.stats.long_polls += 1;
+        LONG_POLLS.fetch_add(1, Ordering::Relaxed);
+        // The span gets its figures (its long polls among them) though no CPU sample
+        // may land in a poll spent blocked.
+        labels.publish_poll_stats(self.stats);
+        crate::sys::record::report_now(&labels.record);
+        // Cold work reads no CPU clock: its long poll may be the OS's doing (a busy
+        // machine preempting the thread), so it is counted, and reported only when
+        // far past the threshold; the event needs the clock.
+        if cpu.is_none() && ns < COLD_REPORT_FACTOR * self.long_poll_ns {
+            return;
+        }
+        let thread = std::thread::current();
+        let thread = thread.name().unwrap_or("unnamed");
+        // Blocked off CPU for most of it (in a system call, on a lock; not merely
+        // preempted), when the CPU clock was read; unknown otherwise.
+        let off_cpu = cpu.map(|c| ns.saturating_sub(c).saturating_sub(preempted) > ns / 2);
+        let (name, route) = (labels.span_name(), labels.route());
+        if let (Some(off_cpu), Some(cpu)) = (off_cpu, cpu) {
+            tracing::info!(
+                target: "spanprof::long_poll",
+                duration_ns = ns as i64,
+                cpu_ns = cpu as i64,
+                preempted_ns = preempted as i64,
+                off_cpu,
+                thread,
+                "spanprof.long_poll"
+            );
+        }
+        if let Some(more) = LONG_POLL_WARNINGS.admit() {
+            let what = match off_cpu {
+                Some(true) => "blocked off CPU (a blocking call inside an async poll)",
+                Some(false) => "on CPU (heavy work inside an async poll)",
+                None => "on or off CPU",
+            };
+            let more = if more > 0 {
+                format!(" ({more} more long polls since the last warning)")
+            } else {
+                String::new()
+            };
+            tracing::warn!(
+                span = %name,
+                route = %route,
+                thread,
+                "spanprof: a poll of `{name}` ({route}) held its worker for {:.1} ms, {what}; \
+                 every task queued on that worker waited. Move it to spawn_blocking \
+                 (spanprof::spawn_blocking keeps its labels){more}",
+                ns as f64 / 1e6
+            );
+        }
     }
 
     /// The callback-style half of [`PollTimer::poll`] (a `tracing` span's enter):
@@ -257,8 +508,12 @@ impl PollTimer {
         labels.exit_detached();
         self.depth = self.depth.saturating_sub(1);
         if self.depth == 0 {
-            self.stats
-                .record(CLOCK.delta_as_nanos(self.entered_at, CLOCK.raw()));
+            let ns = CLOCK.delta_as_nanos(self.entered_at, CLOCK.raw());
+            self.stats.record(ns);
+            if self.long_poll_ns != 0 && ns >= self.long_poll_ns {
+                self.stats.long_polls += 1;
+                LONG_POLLS.fetch_add(1, Ordering::Relaxed);
+            }
             labels.publish_poll_stats(self.stats);
         }
     }
@@ -267,7 +522,17 @@ impl PollTimer {
     pub fn stats(&self) -> PollStats {
         self.stats
     }
+}
 
+impl Drop for PollTimer {
+    fn drop(&mut self) {
+        if let Some(stamp) = self.wake.take() {
+            WakeStamp::give_back(stamp);
+        }
+    }
+}
+
+impl PollTimer {
     #[inline(always)]
     fn promote_if_slow(&mut self, labels: &SpanLabels, now: u64) {
         if let Some(after) = self.slow_after_ns

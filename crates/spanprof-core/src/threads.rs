@@ -120,6 +120,7 @@ pub fn register_current_thread() -> bool {
         if REG_STATE.with(|s| s.get()) == 1 {
             return false;
         }
+        crate::offcpu::prepare_thread();
         let sampler = sys::ThreadSampler::for_current_thread(ring_capacity_hint());
         sampler.attach_current();
         {

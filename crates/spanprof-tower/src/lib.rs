@@ -24,8 +24,9 @@ pub use policy::{
     RoutePolicyConfig, parse_duration, rate_picks,
 };
 pub use processor::{
-    ATTR_BUSY_NS, ATTR_CPU_NS, ATTR_CPU_SAMPLES, ATTR_HOT, ATTR_IDLE_NS, ATTR_MAX_POLL_NS,
-    ATTR_POLLS, ATTR_PROFILE_ID, SpanProfileProcessor,
+    ATTR_BLOCKED_NS, ATTR_BUSY_NS, ATTR_CPU_NS, ATTR_CPU_SAMPLES, ATTR_CPU_SOURCE, ATTR_HOT,
+    ATTR_IDLE_NS, ATTR_LONG_POLLS, ATTR_MAX_POLL_NS, ATTR_POLLS, ATTR_PROFILE_ID,
+    ATTR_SCHED_DELAY_NS, ATTR_WAIT_NS, SpanProfileProcessor,
 };
 pub use registry::{MAX_TRACKED_SPANS, ended_unexported, tracking_evicted};
 pub use tracing_layer::{SpanProfileLayer, SpanSelector};

@@ -36,6 +36,7 @@ pub struct RoutePolicy {
     pub(crate) sample_rate: f64,
     pub(crate) slow_after: Option<Duration>,
     pub(crate) high_rate_hz: Option<u32>,
+    pub(crate) long_poll: Option<Duration>,
 }
 
 impl Default for RoutePolicy {
@@ -52,6 +53,7 @@ impl RoutePolicy {
             sample_rate: DEFAULT_SAMPLE_RATE,
             slow_after: Some(DEFAULT_SLOW_AFTER),
             high_rate_hz: None,
+            long_poll: Some(spanprof_core::DEFAULT_LONG_POLL),
         }
     }
 
@@ -80,6 +82,16 @@ impl RoutePolicy {
     /// profiler's high rate. Must not be below the profiler's baseline rate.
     pub fn high_rate_hz(mut self, hz: u32) -> Self {
         self.high_rate_hz = Some(hz);
+        self
+    }
+
+    /// Reports a poll of a request of this route that holds its worker at least
+    /// `threshold` (a blocking call, or heavy work, inside an async poll): an event
+    /// `spanprof.long_poll` on the request's span, its count in
+    /// `spanprof.long_polls`, and a warning (the first, then at most one a minute).
+    /// `None` turns it off. Defaults to [`spanprof_core::DEFAULT_LONG_POLL`] (10 ms).
+    pub fn long_poll(mut self, threshold: Option<Duration>) -> Self {
+        self.long_poll = threshold.filter(|d| !d.is_zero());
         self
     }
 
@@ -358,6 +370,9 @@ pub struct RoutePolicyConfig {
     pub slow_after: Option<serde_json::Value>,
     /// See [`RoutePolicy::high_rate_hz`].
     pub high_rate_hz: Option<i64>,
+    /// See [`RoutePolicy::long_poll`]: a duration with its unit (`"10ms"`), a JSON
+    /// number of milliseconds, or `"never"`.
+    pub long_poll: Option<serde_json::Value>,
 }
 
 impl RoutePolicyConfig {
@@ -368,6 +383,9 @@ impl RoutePolicyConfig {
         }
         if let Some(v) = &self.slow_after {
             p.slow_after = parse_slow_after(&format!("{field}.slow_after"), v)?;
+        }
+        if let Some(v) = &self.long_poll {
+            p = p.long_poll(parse_slow_after(&format!("{field}.long_poll"), v)?);
         }
         if let Some(hz) = self.high_rate_hz {
             let hz = u32::try_from(hz).map_err(|_| {

@@ -22,12 +22,30 @@ pub const ATTR_BUSY_NS: &str = "spanprof.busy_ns";
 pub const ATTR_IDLE_NS: &str = "spanprof.idle_ns";
 /// Number of polls of the span's work (exact).
 pub const ATTR_POLLS: &str = "spanprof.polls";
-/// The longest single poll, ns (exact).
+/// The longest single poll, ns (exact to the µs).
 pub const ATTR_MAX_POLL_NS: &str = "spanprof.max_poll_ns";
 /// CPU samples taken in the span's work (for a local root: in its whole tree).
 pub const ATTR_CPU_SAMPLES: &str = "spanprof.cpu_samples";
-/// CPU time estimate of those samples, ns (each sample weighted by its period).
+/// CPU time of the span's work, ns: inside its polls, from the polling thread's CPU
+/// clock, when the span was profiled at the high rate from its first poll
+/// ([`ATTR_CPU_SOURCE`] `thread_clock`); otherwise the estimate of its samples, each
+/// weighted by its period (`samples`; for a local root, over its whole tree).
 pub const ATTR_CPU_NS: &str = "spanprof.cpu_ns";
+/// Where [`ATTR_CPU_NS`] comes from: `thread_clock` or `samples`.
+pub const ATTR_CPU_SOURCE: &str = "spanprof.cpu_source";
+/// Time inside the span's polls but off CPU and not runnable, ns: busy minus CPU minus
+/// preemption (a blocking call inside a poll: file I/O, a `std` lock, DNS, a
+/// synchronous client).
+pub const ATTR_BLOCKED_NS: &str = "spanprof.blocked_ns";
+/// Time the span's work was runnable but not running, ns: woken but not yet polled (a
+/// busy runtime), or preempted inside a poll (a busy machine). Measured for spans
+/// profiled at the high rate, from the poll they turned hot.
+pub const ATTR_SCHED_DELAY_NS: &str = "spanprof.sched_delay_ns";
+/// The rest of the span's duration, ns: not runnable, waiting on I/O, a timer or
+/// other tasks. CPU + blocked + scheduling delay + wait = the span's duration.
+pub const ATTR_WAIT_NS: &str = "spanprof.wait_ns";
+/// Polls of the span's work that held their worker past the long-poll threshold.
+pub const ATTR_LONG_POLLS: &str = "spanprof.long_polls";
 /// `sampled` or `slow` when the span was profiled at the high rate; absent otherwise.
 pub const ATTR_HOT: &str = "spanprof.hot";
 
@@ -148,16 +166,47 @@ fn write_attributes(span: &mut SpanData, figures: Figures) {
                 duration.saturating_sub(figures.busy_ns) as i64,
             ),
             KeyValue::new(ATTR_POLLS, figures.polls as i64),
-            KeyValue::new(ATTR_MAX_POLL_NS, figures.max_poll_ns as i64),
+            KeyValue::new(ATTR_MAX_POLL_NS, i64::from(figures.max_poll_us) * 1_000),
             KeyValue::new(ATTR_CPU_SAMPLES, figures.cpu_samples as i64),
-            KeyValue::new(ATTR_CPU_NS, figures.cpu_ns as i64),
         ])
+        .chain(split(&figures, duration))
+        .chain([KeyValue::new(
+            ATTR_LONG_POLLS,
+            i64::from(figures.long_polls),
+        )])
         .chain(hot);
     // One allocation of the final length, not a doubling: the span usually holds a
     // dozen attributes already; the doubling's extra copies would be wasted work (it
     // was measured not to cost more in the allocator).
     span.attributes.reserve_exact(figures.size_hint().0);
     span.attributes.extend(figures);
+}
+
+/// The span's duration split four ways: CPU, blocked inside polls, runnable but not
+/// polled, and the rest. With the thread's CPU clock the four sum to the duration;
+/// a sample estimate of CPU may exceed the span's own busy time (a local root's
+/// covers its whole tree, tasks it spawned included) and is written as it is.
+fn split(figures: &Figures, duration: u64) -> [KeyValue; 5] {
+    let busy = figures.busy_ns.min(duration);
+    let cpu = figures.cpu_ns;
+    let off_cpu = busy - cpu.min(busy);
+    let preempted = (u64::from(figures.preempted_us) * 1_000).min(off_cpu);
+    let blocked = off_cpu - preempted;
+    let woken = (u64::from(figures.sched_delay_us) * 1_000).min(duration - busy);
+    let sched = woken + preempted;
+    let wait = duration - busy - woken;
+    let source = if figures.cpu_from_clock {
+        "thread_clock"
+    } else {
+        "samples"
+    };
+    [
+        KeyValue::new(ATTR_CPU_NS, cpu as i64),
+        KeyValue::new(ATTR_CPU_SOURCE, source),
+        KeyValue::new(ATTR_BLOCKED_NS, blocked as i64),
+        KeyValue::new(ATTR_SCHED_DELAY_NS, sched as i64),
+        KeyValue::new(ATTR_WAIT_NS, wait as i64),
+    ]
 }
 
 fn span_id(span: &SpanData) -> u64 {

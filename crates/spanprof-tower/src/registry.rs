@@ -28,16 +28,27 @@ const WINDOW: usize = 8;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Figures {
     pub busy_ns: u64,
-    pub max_poll_ns: u64,
+    /// CPU inside the span's polls from the thread's CPU clock when every poll read
+    /// it (`cpu_from_clock`), else the sample estimate.
     pub cpu_ns: u64,
     /// Saturating (a span polled four billion times).
     pub polls: u32,
     /// Saturating.
     pub cpu_samples: u32,
+    /// The longest poll, µs (µs and saturating at 71 minutes, here and below: the
+    /// place is one cache line).
+    pub max_poll_us: u32,
+    /// Runnable-but-not-polled time, µs.
+    pub sched_delay_us: u32,
+    /// Time inside the polls the thread was preempted, µs.
+    pub preempted_us: u32,
     /// `Sampled` or `Slow` when profiled at the high rate.
     pub hot: Hotness,
     /// Whether the span carries its own profile id (`pyroscope.profile.id`).
     pub own_profile_id: bool,
+    pub cpu_from_clock: bool,
+    /// Saturating.
+    pub long_polls: u8,
 }
 
 impl Figures {
@@ -45,15 +56,24 @@ impl Figures {
         let stats = labels.poll_stats();
         Figures {
             busy_ns: stats.busy_ns,
-            max_poll_ns: stats.max_poll_ns,
-            cpu_ns: labels.cpu_ns(),
+            max_poll_us: micros(stats.max_poll_ns),
+            cpu_ns: stats.cpu_clock_ns.unwrap_or_else(|| labels.cpu_ns()),
             polls: u32::try_from(stats.polls).unwrap_or(u32::MAX),
             cpu_samples: u32::try_from(labels.cpu_samples()).unwrap_or(u32::MAX),
+            sched_delay_us: micros(stats.sched_delay_ns),
+            preempted_us: micros(stats.preempted_ns),
             hot: labels.hotness(),
             own_profile_id: current_scope() == ProfileScope::AllSpans
                 || labels.root_span_id() == labels.span_id(),
+            cpu_from_clock: stats.cpu_clock_ns.is_some(),
+            long_polls: u8::try_from(stats.long_polls).unwrap_or(u8::MAX),
         }
     }
+}
+
+/// `ns` in whole µs, saturating.
+fn micros(ns: u64) -> u32 {
+    u32::try_from(ns / 1_000).unwrap_or(u32::MAX)
 }
 
 /// What a place holds.

@@ -50,6 +50,16 @@ pub struct SpanRecord {
     pub cpu_samples: Option<i64>,
     /// `spanprof.cpu_ns`.
     pub cpu_ns: Option<i64>,
+    /// `spanprof.cpu_source`: `thread_clock` or `samples`.
+    pub cpu_source: Option<String>,
+    /// `spanprof.blocked_ns`: inside polls, off CPU, not runnable.
+    pub blocked_ns: Option<i64>,
+    /// `spanprof.sched_delay_ns`: runnable but not running.
+    pub sched_delay_ns: Option<i64>,
+    /// `spanprof.wait_ns`: the rest of the duration.
+    pub wait_ns: Option<i64>,
+    /// `spanprof.long_polls`.
+    pub long_polls: Option<i64>,
     /// `spanprof.hot`.
     pub hot: Option<String>,
     /// `pyroscope.profile.id`.
@@ -416,6 +426,11 @@ impl SpanProcessor for SpanRecorder {
             polls: int(&span, "spanprof.polls"),
             cpu_samples: int(&span, "spanprof.cpu_samples"),
             cpu_ns: int(&span, "spanprof.cpu_ns"),
+            cpu_source: attr(&span, "spanprof.cpu_source").map(|v| v.as_str().into_owned()),
+            blocked_ns: int(&span, "spanprof.blocked_ns"),
+            sched_delay_ns: int(&span, "spanprof.sched_delay_ns"),
+            wait_ns: int(&span, "spanprof.wait_ns"),
+            long_polls: int(&span, "spanprof.long_polls"),
             hot: attr(&span, "spanprof.hot").map(|v| v.as_str().into_owned()),
             profile_id: attr(&span, "pyroscope.profile.id").map(|v| v.as_str().into_owned()),
         });

@@ -32,7 +32,7 @@ pub use spanprof_core::{
 pub mod stats {
     pub use spanprof_core::{
         CacheStats, InheritanceStats, InternStats, MemoryStats, PollStats, SamplerStats,
-        StoreStats, inheritance_stats, intern_stats, process_cpu_time, thread_cpu_time,
+        StoreStats, inheritance_stats, intern_stats, long_polls, process_cpu_time, thread_cpu_time,
     };
     #[cfg(feature = "export")]
     pub use spanprof_export::DeliveryStats;
@@ -47,9 +47,10 @@ pub mod stats {
 pub mod defaults {
     pub use spanprof_core::{
         DEFAULT_BASELINE_HZ, DEFAULT_BUCKET_WIDTH, DEFAULT_BUCKETS, DEFAULT_CACHE_BYTES,
-        DEFAULT_DRAIN_INTERVAL, DEFAULT_HIGH_HZ, DEFAULT_MAX_BYTES, DEFAULT_MAX_NAMES,
-        DEFAULT_MAX_SPANS, DEFAULT_MAX_STACKS, DEFAULT_RING_CAPACITY, DEFAULT_WINDOW_ENTRIES,
-        DETACHED_SPAN_NAME, MAX_FRAMES, MAX_HIGH_HZ, MAX_NAME_LEN, OVERFLOW_NAME, TIMER_MAX_HZ,
+        DEFAULT_DRAIN_INTERVAL, DEFAULT_HIGH_HZ, DEFAULT_LONG_POLL, DEFAULT_MAX_BYTES,
+        DEFAULT_MAX_NAMES, DEFAULT_MAX_SPANS, DEFAULT_MAX_STACKS, DEFAULT_RING_CAPACITY,
+        DEFAULT_WINDOW_ENTRIES, DETACHED_SPAN_NAME, MAX_FRAMES, MAX_HIGH_HZ, MAX_NAME_LEN,
+        OVERFLOW_NAME, TIMER_MAX_HZ,
     };
 }
 
@@ -93,8 +94,9 @@ pub mod tower {
         pub use spanprof_tower::hyper_service::*;
     }
     pub use spanprof_tower::{
-        ATTR_BUSY_NS, ATTR_CPU_NS, ATTR_CPU_SAMPLES, ATTR_HOT, ATTR_IDLE_NS, ATTR_MAX_POLL_NS,
-        ATTR_POLLS, ATTR_PROFILE_ID, ConfigError, DEFAULT_MAX_ROUTES, DEFAULT_SAMPLE_RATE,
+        ATTR_BLOCKED_NS, ATTR_BUSY_NS, ATTR_CPU_NS, ATTR_CPU_SAMPLES, ATTR_CPU_SOURCE, ATTR_HOT,
+        ATTR_IDLE_NS, ATTR_LONG_POLLS, ATTR_MAX_POLL_NS, ATTR_POLLS, ATTR_PROFILE_ID,
+        ATTR_SCHED_DELAY_NS, ATTR_WAIT_NS, ConfigError, DEFAULT_MAX_ROUTES, DEFAULT_SAMPLE_RATE,
         DEFAULT_SLOW_AFTER, DefaultRoute, GrpcRoute, MAX_MAX_ROUTES, MAX_TRACKED_SPANS, MakeRoute,
         PolicyConfig, ProfileCorrelation, ProfileCorrelationLayer, ProfileCorrelationLayerBuilder,
         ProfileScope, ProfiledBody, ResponseFuture, RoutePolicy, RoutePolicyConfig,

@@ -226,6 +226,25 @@ fn slow_checkout_shows_its_code_in_the_api_and_the_browser() {
             spans.iter().any(|s| s["service"] == "payments"),
             "payments span in the trace"
         );
+
+        // The slowness that is not CPU: a large cart's payment goes through the
+        // legacy review's synchronous call, a long poll on the payments span, with
+        // the time blocked inside it when the span was profiled at the high rate.
+        let pays = get_json(&format!("{base}/api/spans?name=POST%20/pay&limit=50")).await;
+        let pays = pays.as_array().unwrap();
+        let slowest = &pays[0];
+        assert!(
+            slowest["long_polls"].as_i64().unwrap_or(0) >= 1,
+            "the slowest POST /pay has no long poll: {slowest}"
+        );
+        for pay in pays.iter().filter(|p| p["cpu_source"] == "thread_clock") {
+            if pay["long_polls"].as_i64().unwrap_or(0) >= 1 {
+                assert!(
+                    pay["blocked_ns"].as_i64().unwrap_or(0) >= 30_000_000,
+                    "a reviewed payment blocked less than 30 ms: {pay}"
+                );
+            }
+        }
     });
 
     // The viewer in headless Chromium.

@@ -57,6 +57,22 @@ fn negative_duration_is_named() {
 }
 
 #[test]
+fn a_long_poll_threshold_takes_a_unit_or_never() {
+    build_json(r#"{"routes": {"/pay": {"long_poll": "25ms"}}, "default": {"long_poll": "never"}}"#)
+        .expect("a threshold with a unit, and never");
+    assert_field(
+        build_json(r#"{"routes": {"/pay": {"long_poll": "25"}}}"#),
+        "routes[\"/pay\"].long_poll",
+        "has no unit",
+    );
+    assert_field(
+        build_json(r#"{"default": {"long_poll": true}}"#),
+        "default.long_poll",
+        "not a duration",
+    );
+}
+
+#[test]
 fn high_rate_below_baseline_is_named() {
     let r = ProfileCorrelationLayer::builder()
         .route("/checkout", RoutePolicy::new().high_rate_hz(10))

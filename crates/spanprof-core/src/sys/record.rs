@@ -150,6 +150,15 @@ pub(crate) struct LabelRecord {
     pub(crate) busy_ns: AtomicU64,
     pub(crate) polls: AtomicU64,
     pub(crate) max_poll_ns: AtomicU64,
+    /// CPU time inside the polls, from the polling thread's CPU clock, when every
+    /// poll was measured ([`CPU_NOT_MEASURED`] otherwise).
+    pub(crate) cpu_clock_ns: AtomicU64,
+    /// Time the work was runnable (woken) before its next poll began.
+    pub(crate) sched_delay_ns: AtomicU64,
+    /// Time inside the polls the thread was runnable but not running (preempted).
+    pub(crate) preempted_ns: AtomicU64,
+    /// Polls longer than the poller's long-poll threshold.
+    pub(crate) long_polls: AtomicU64,
     /// [`SAMPLED`] once the signal handler has counted a sample on this record (or, for
     /// a local root, on one of its tree); [`HANDLED`] once a pop has looked at that;
     /// [`REPORT`] if the span is to be handed to the first-sample hook then
@@ -160,6 +169,9 @@ pub(crate) struct LabelRecord {
     /// The W3C trace flags of the span (bit 0: sampled), inherited by its children.
     pub(crate) trace_flags: u8,
 }
+
+/// [`LabelRecord::cpu_clock_ns`] when not every poll read the thread's CPU clock.
+pub(crate) const CPU_NOT_MEASURED: u64 = u64::MAX;
 
 /// [`LabelRecord::flags`]: a sample was counted on the record.
 pub(crate) const SAMPLED: u8 = 1;
@@ -330,6 +342,14 @@ pub(crate) fn after_pop(rec: &LabelRecord) {
     if rec.needs_hand_over() {
         hand_over(rec);
     }
+}
+
+/// Hands `rec`'s span to the callback now, as a first sample would, once: for work
+/// worth its figures though no sample landed in it (a long poll off CPU).
+#[cold]
+pub(crate) fn report_now(rec: &LabelRecord) {
+    rec.flags.fetch_or(SAMPLED, Ordering::Relaxed);
+    after_pop(rec);
 }
 
 /// Hands `rec`'s span (and its local root's, sampled through it) to the callback,

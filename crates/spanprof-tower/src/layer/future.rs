@@ -62,7 +62,7 @@ where
             .as_pin_mut()
             .expect("ResponseFuture polled after completion");
         let out = match this.profile.as_mut() {
-            Some(p) => p.poll(|| inner.poll(cx)),
+            Some(p) => p.poll_with_context(cx, |cx| inner.poll(cx)),
             None => inner.poll(cx),
         };
         match out {
@@ -126,7 +126,7 @@ impl<B: Body> Body for ProfiledBody<B> {
         match this.profile.as_mut() {
             Some(p) => {
                 let mut inner = inner;
-                let out = p.poll(|| inner.as_mut().poll_frame(cx));
+                let out = p.poll_with_context(cx, |cx| inner.as_mut().poll_frame(cx));
                 let end = match &out {
                     Poll::Ready(None) | Poll::Ready(Some(Err(_))) => {
                         // End of stream: publish before the span around us ends.

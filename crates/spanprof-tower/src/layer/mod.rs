@@ -342,6 +342,17 @@ impl RequestProfile {
         self.timer.poll(&self.labels, f)
     }
 
+    /// [`RequestProfile::poll`] for a future's poll: hot requests also measure their
+    /// scheduling delay through `cx`'s waker.
+    #[inline]
+    pub(crate) fn poll_with_context<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        f: impl FnOnce(&mut std::task::Context<'_>) -> T,
+    ) -> T {
+        self.timer.poll_with_context(&self.labels, cx, f)
+    }
+
     /// Makes the accounting so far visible on the labels (for the span processor).
     #[inline]
     pub(crate) fn publish(&self) {
@@ -413,7 +424,7 @@ impl Correlator {
         let slow_after = policy.slow_after.filter(|_| hot == Hotness::Cold);
         Some(RequestProfile {
             labels,
-            timer: PollTimer::new(slow_after),
+            timer: PollTimer::new(slow_after).long_poll(policy.long_poll),
         })
     }
 }
