@@ -16,7 +16,8 @@ thread_local! {
 ///
 /// ```
 /// #[global_allocator]
-/// static ALLOC: spanprof_core::HandlerAllocCounter = spanprof_core::HandlerAllocCounter::new();
+/// static ALLOC: spanprof_core::testing::HandlerAllocCounter =
+///     spanprof_core::testing::HandlerAllocCounter::new();
 /// # fn main() { assert_eq!(ALLOC.in_handler(), 0); }
 /// ```
 #[derive(Debug)]

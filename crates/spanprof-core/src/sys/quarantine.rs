@@ -20,7 +20,8 @@ const MAX_POISONED: usize = 1024;
 ///
 /// ```
 /// #[global_allocator]
-/// static ALLOC: spanprof_core::QuarantineAlloc = spanprof_core::QuarantineAlloc::new();
+/// static ALLOC: spanprof_core::testing::QuarantineAlloc =
+///     spanprof_core::testing::QuarantineAlloc::new();
 /// # fn main() {
 /// ALLOC.set_poisoning(true);
 /// drop(Box::new(7u64));
