@@ -21,7 +21,7 @@ use crate::store::{IncomingLabels, IncomingSample, SpanProfileStore};
 use crate::symbolize::AddressSymbolizer;
 use crate::sys;
 use crate::sys::record::LabelIds;
-use crate::sys::ring::{FLAG_LABELLED, FLAG_TRUNCATED, RawSample};
+use crate::sys::ring::{FLAG_LABELLED, FLAG_TRUNCATED, FLAG_WALL, RawSample};
 use crate::window::WindowInner;
 
 /// Most samples waiting for symbolization; past it samples are dropped and counted.
@@ -42,6 +42,8 @@ struct Drained {
     addrs: Box<[u64]>,
     time_ns: u64,
     weight_ns: u64,
+    /// A wall-clock sample, not a CPU sample.
+    wall: bool,
     /// The callsite of the innermost unprofiled `tracing` span the sample was taken
     /// under (0: none).
     outer_span: usize,
@@ -129,6 +131,7 @@ fn compact(s: &RawSample) -> Drained {
         addrs: addrs.into(),
         time_ns: s.time_ns,
         weight_ns: s.weight_ns,
+        wall: s.flags & FLAG_WALL != 0,
         outer_span: s.outer_span,
     }
 }
@@ -336,6 +339,7 @@ fn process(
                 addrs: &d.addrs,
                 time_ns: d.time_ns,
                 weight_ns: d.weight_ns,
+                wall: d.wall,
             })
             .collect();
         store.insert(&samples, |addrs| match stacks.cache.peek(addrs) {
@@ -431,7 +435,7 @@ fn feed_windows(
             .filter(|l| l.ids.is_named())
             .map(|l| l.resolved.clone());
         for w in &live {
-            w.add(&labels, stack, s.weight_ns);
+            w.add(&labels, stack, s.weight_ns, s.wall);
         }
     }
     live
@@ -513,6 +517,7 @@ mod tests {
                 addrs: &[1],
                 time_ns: 0,
                 weight_ns: 10,
+                wall: false,
             },
             IncomingSample {
                 labels: Some(IncomingLabels {
@@ -523,6 +528,7 @@ mod tests {
                 addrs: &[1],
                 time_ns: 0,
                 weight_ns: 20,
+                wall: false,
             },
         ];
         let stack: Stack = Arc::from(Vec::new());

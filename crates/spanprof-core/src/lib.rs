@@ -54,7 +54,8 @@ pub use profile::{
 };
 pub use sampler::{
     Capabilities, DEFAULT_BASELINE_HZ, DEFAULT_CACHE_BYTES, DEFAULT_DRAIN_INTERVAL,
-    DEFAULT_HIGH_HZ, MAX_HIGH_HZ, MemoryStats, Profiler, ProfilerBuilder, Sampling, TIMER_MAX_HZ,
+    DEFAULT_HIGH_HZ, DEFAULT_WALL_HZ, MAX_HIGH_HZ, MemoryStats, Profiler, ProfilerBuilder,
+    Sampling, TIMER_MAX_HZ,
 };
 #[doc(inline)]
 pub use scope::ProfileScope;

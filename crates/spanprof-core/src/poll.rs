@@ -289,6 +289,28 @@ pub struct PollTimer {
     long_poll_ns: u64,
     /// The waker hot work's polls get: stamps the first wake after each poll.
     wake: Option<Arc<WakeStamp>>,
+    /// The outermost [`PollTimer::enter`] started wall-clock sampling.
+    wall: bool,
+}
+
+/// Wall-clock sampling of the calling thread while a hot poll runs: started by
+/// `begin`, stopped when dropped (a panicking poll included).
+struct WallSampling(bool);
+
+impl WallSampling {
+    #[inline(always)]
+    fn begin(hot: bool) -> Self {
+        WallSampling(hot && crate::sys::wall_begin())
+    }
+}
+
+impl Drop for WallSampling {
+    #[inline(always)]
+    fn drop(&mut self) {
+        if self.0 {
+            crate::sys::wall_end();
+        }
+    }
 }
 
 /// The default long-poll threshold ([`PollTimer::long_poll`]): a poll that holds a
@@ -321,6 +343,7 @@ impl PollTimer {
             entered_at: 0,
             long_poll_ns: DEFAULT_LONG_POLL.as_nanos() as u64,
             wake: None,
+            wall: false,
         }
     }
 
@@ -364,6 +387,8 @@ impl PollTimer {
         };
         let out = {
             let _guard = labels.enter();
+            // Hot work is sampled by wall-clock time too while it is polled.
+            let _wall = WallSampling::begin(labels.record.is_hot());
             f()
         };
         let ns = CLOCK.delta_as_nanos(t0, CLOCK.raw());
@@ -498,6 +523,9 @@ impl PollTimer {
         if self.depth == 1 {
             self.entered_at = CLOCK.raw();
             self.promote_if_slow(labels, self.entered_at);
+            labels.enter_detached();
+            self.wall = labels.record.is_hot() && crate::sys::wall_begin();
+            return;
         }
         labels.enter_detached();
     }
@@ -505,6 +533,10 @@ impl PollTimer {
     /// Pops what [`PollTimer::enter`] pushed; at the outermost exit, accounts the poll
     /// and publishes the figures on `labels`.
     pub fn exit(&mut self, labels: &SpanLabels) {
+        if self.depth == 1 && self.wall {
+            self.wall = false;
+            crate::sys::wall_end();
+        }
         labels.exit_detached();
         self.depth = self.depth.saturating_sub(1);
         if self.depth == 0 {

@@ -138,6 +138,11 @@ pub struct ProfileSample {
     pub count: u64,
     /// Estimated CPU time: each sample weighted by the period it was taken at.
     pub cpu_ns: u64,
+    /// Estimated wall-clock time inside hot polls, on or off CPU: each wall-clock
+    /// sample weighted by its period (0 for work that was not hot, and for stacks
+    /// only CPU samples saw). A stack only wall-clock samples saw has `count` and
+    /// `cpu_ns` 0: time spent blocked there.
+    pub wall_ns: u64,
 }
 
 impl ProfileSample {
@@ -504,6 +509,7 @@ mod spine_tests {
             labels: None,
             count: 1,
             cpu_ns,
+            wall_ns: 0,
         }
     }
 

@@ -17,6 +17,7 @@ struct Entry {
     stack: Stack,
     count: u64,
     cpu_ns: u64,
+    wall_ns: u64,
 }
 
 struct Interval {
@@ -84,6 +85,7 @@ impl ProfileWindow {
                     labels: e.labels,
                     count: e.count,
                     cpu_ns: e.cpu_ns,
+                    wall_ns: e.wall_ns,
                 })
                 .collect(),
             start,
@@ -114,8 +116,14 @@ impl WindowInner {
         self.entries() * (std::mem::size_of::<((usize, usize), Entry)>() + 1) * 8 / 7
     }
 
-    /// Adds one sample (called by the collector).
-    pub(crate) fn add(&self, labels: &Option<Arc<SampleLabels>>, stack: &Stack, weight_ns: u64) {
+    /// Adds one sample (called by the collector): CPU, or wall-clock when `wall`.
+    pub(crate) fn add(
+        &self,
+        labels: &Option<Arc<SampleLabels>>,
+        stack: &Stack,
+        weight_ns: u64,
+        wall: bool,
+    ) {
         let key = (
             labels.as_ref().map_or(0, |l| Arc::as_ptr(l) as usize),
             Arc::as_ptr(stack) as *const () as usize,
@@ -123,6 +131,7 @@ impl WindowInner {
         let mut g = self.interval.lock().unwrap_or_else(|e| e.into_inner());
         let full = g.entries.len() >= self.max_entries;
         match g.entries.get_mut(&key) {
+            Some(e) if wall => e.wall_ns += weight_ns,
             Some(e) => {
                 e.count += 1;
                 e.cpu_ns += weight_ns;
@@ -136,8 +145,9 @@ impl WindowInner {
                     Entry {
                         labels: labels.clone(),
                         stack: stack.clone(),
-                        count: 1,
-                        cpu_ns: weight_ns,
+                        count: u64::from(!wall),
+                        cpu_ns: if wall { 0 } else { weight_ns },
+                        wall_ns: if wall { weight_ns } else { 0 },
                     },
                 );
             }
@@ -179,11 +189,11 @@ mod tests {
         let inner = inner.upgrade().unwrap();
         let (a, b) = (labels(1), labels(2));
         let (s, t) = (stack("f"), stack("g"));
-        inner.add(&a, &s, 10);
-        inner.add(&a, &s, 20);
-        inner.add(&a, &t, 5);
-        inner.add(&b, &s, 7);
-        inner.add(&None, &s, 1);
+        inner.add(&a, &s, 10, false);
+        inner.add(&a, &s, 20, false);
+        inner.add(&a, &t, 5, false);
+        inner.add(&b, &s, 7, false);
+        inner.add(&None, &s, 1, false);
         assert_eq!(inner.entries(), 4);
         let p = window.take();
         assert_eq!(p.period_ns, 10_101_010);
@@ -207,15 +217,15 @@ mod tests {
         let (window, inner) = ProfileWindow::new(2, 1);
         let inner = inner.upgrade().unwrap();
         let (s, t, u) = (stack("f"), stack("g"), stack("h"));
-        inner.add(&None, &s, 1);
-        inner.add(&None, &t, 1);
-        inner.add(&None, &u, 1); // a third pair: dropped
-        inner.add(&None, &s, 1); // a known pair: still counted
+        inner.add(&None, &s, 1, false);
+        inner.add(&None, &t, 1, false);
+        inner.add(&None, &u, 1, false); // a third pair: dropped
+        inner.add(&None, &s, 1, false); // a known pair: still counted
         assert_eq!(window.dropped(), 1);
         let p = window.take();
         assert_eq!((p.samples.len(), p.sample_count()), (2, 3));
         // Room again after the take.
-        inner.add(&None, &u, 1);
+        inner.add(&None, &u, 1, false);
         assert_eq!(window.take().sample_count(), 1);
     }
 

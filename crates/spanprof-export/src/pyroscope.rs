@@ -254,10 +254,14 @@ impl PyroscopeConfig {
 pub(crate) fn push_pprof(profile: &Profile) -> Vec<u8> {
     // Leave the per-request ids out of the labels (and so out of the string table)…
     let mut bounded: HashMap<*const SampleLabels, Arc<SampleLabels>> = HashMap::new();
+    // CPU only: wall-clock samples of hot polls are not pushed (their stacks only
+    // wall-clock samples saw are left out, the rest carry their CPU values).
     let samples = profile
         .samples
         .iter()
+        .filter(|s| s.count > 0)
         .map(|s| ProfileSample {
+            wall_ns: 0,
             labels: s.labels.as_ref().map(|l| {
                 bounded
                     .entry(Arc::as_ptr(l))

@@ -98,7 +98,7 @@ impl Viewer {
     /// | `GET /debug/spanprof/api/spans?name=&trace_id=&limit=` | spans of a name, slowest first (in one trace, or all) |
     /// | `GET /debug/spanprof/api/memory` | the profiler's and the viewer's memory, with their bounds |
     /// | `GET /debug/spanprof/api/spans/{span_id}/top?n=&by=self\|total` | top functions of a span and everything under it |
-    /// | `GET /debug/spanprof/flamegraph/{span_id}` | its flamegraph (SVG) |
+    /// | `GET /debug/spanprof/flamegraph/{span_id}?value=` | its flamegraph (SVG): `cpu` (the default) or `wall` (hot polls' wall-clock time, on and off CPU) |
     /// | `GET /debug/spanprof/diff/{span_id}?minutes=` | differential flamegraph against its route's recent profile |
     /// | `GET /debug/spanprof/profile?span_id=…` | pprof download (or `?trace_id=`, or `?seconds=`; `&type=cpu` allowed) |
     pub fn router(self) -> Router {
@@ -567,19 +567,48 @@ fn svg_response(r: Result<Vec<u8>, String>) -> Response {
     }
 }
 
+/// A flamegraph's query: `value=cpu` (the default) or `value=wall`.
+struct FlameQuery {
+    value: flame::Value,
+}
+
+impl FromQuery for FlameQuery {
+    const KNOWN: &'static [&'static str] = &["value"];
+
+    fn from_query(p: &Params) -> Result<Self, QueryError> {
+        let value = match p.text("value") {
+            None | Some("cpu") => flame::Value::Cpu,
+            Some("wall") => flame::Value::Wall,
+            Some(other) => {
+                return Err(QueryError::Invalid {
+                    name: "value",
+                    value: other.to_owned(),
+                    expected: "cpu or wall".to_owned(),
+                });
+            }
+        };
+        Ok(FlameQuery { value })
+    }
+}
+
 async fn flamegraph(
     State(v): State<Viewer>,
     Path(span_id): Path<String>,
-    _: Strict<NoQuery>,
+    Strict(q): Strict<FlameQuery>,
 ) -> Response {
-    render_span(&v, &span_id, |v, id, p| {
+    render_span(&v, &span_id, move |v, id, p| {
         let name = v
             .spans
             .span(&format!("{id:016x}"))
             .map_or_else(|| format!("span {id:016x}"), |s| s.name);
+        let what = match q.value {
+            flame::Value::Cpu => "CPU",
+            flame::Value::Wall => "wall-clock time of its hot polls, on and off CPU",
+        };
         svg_response(flame::svg(
             &p,
-            &format!("{name} ({id:016x}) and everything under it"),
+            &format!("{name} ({id:016x}) and everything under it: {what}"),
+            q.value,
         ))
     })
     .await

@@ -75,6 +75,17 @@ async fn block_50() -> &'static str {
     "slept"
 }
 
+/// A synchronous lookup inside an async handler: 60 ms blocked, no CPU.
+#[inline(never)]
+fn blocking_lookup() -> &'static str {
+    std::thread::sleep(Duration::from_millis(60));
+    std::hint::black_box("found")
+}
+
+async fn lookup() -> &'static str {
+    blocking_lookup()
+}
+
 async fn timer() -> &'static str {
     tokio::time::sleep(ARRANGED).await;
     "waited"
@@ -109,10 +120,17 @@ async fn quick() -> String {
     burn_blocking(1, BURNERS[1].1).to_string()
 }
 
-async fn serve() -> String {
+/// The server, its profiler sampling hot polls by wall-clock time at `wall_hz`.
+async fn serve_with(wall_hz: u32) -> String {
     telemetry();
+    // Runs until the process ends (each test is a process of its own).
+    let _profiler = spanprof::Profiler::builder()
+        .wall_hz(wall_hz)
+        .start()
+        .expect("start the profiler");
     let layer = ProfileCorrelationLayer::builder()
         .default_policy(RoutePolicy::new().sample_rate(1.0))
+        .route("GET /cold_lookup", RoutePolicy::new().sample_rate(0.0))
         .build()
         .unwrap();
     let app = Router::new()
@@ -122,12 +140,18 @@ async fn serve() -> String {
         .route("/timer", get(timer))
         .route("/ready", get(ready))
         .route("/quick", get(quick))
+        .route("/lookup", get(lookup))
+        .route("/cold_lookup", get(lookup))
         .layer(layer)
         .layer(TraceLayer::new_for_http().make_span_with(server_span));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     format!("http://{addr}")
+}
+
+async fn serve() -> String {
+    serve_with(spanprof::defaults::DEFAULT_WALL_HZ).await
 }
 
 /// The one exported span of `GET {route}` (after one request to it).
@@ -193,7 +217,10 @@ fn assert_small(what: &str, got: f64, span: &SpanData) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spans_duration_is_split_into_cpu_blocked_scheduled_and_waiting() {
-    let base = serve().await;
+    // Wall-clock samples wake a thread blocked in a poll; on a loaded machine the
+    // wait for a CPU after each wake-up reads as scheduling delay. This test checks
+    // the split itself, so it runs without them.
+    let base = serve_with(0).await;
     let want = ARRANGED.as_secs_f64() * 1e3;
     // CPU inside its one poll, read from the thread's CPU clock.
     let s = span_of(&base, "/cpu").await;
@@ -308,4 +335,68 @@ async fn a_service_without_long_polls_logs_nothing() {
         assert_eq!(attr_i64(s, "spanprof.long_polls"), 0);
     }
     assert_eq!(warnings(), Vec::<String>::new());
+}
+
+/// The span's profile (CPU and wall-clock samples) as a pprof file, after the
+/// collector has taken every sample so far.
+fn span_pprof(span: &SpanData, file: &str) -> (spanprof::Profile, std::path::PathBuf) {
+    let profiler = spanprof::Profiler::current().expect("the layer started a profiler");
+    profiler.flush();
+    let id = u64::from_be_bytes(span.span_context.span_id().to_bytes());
+    let profile = profiler
+        .store()
+        .span(id)
+        .unwrap_or_else(|| spanprof::Profile::empty(10_000_000));
+    let path = support::artifact_dir().join(file);
+    std::fs::write(&path, spanprof::pprof::encode_gzip(&profile)).unwrap();
+    (profile, path)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_spans_time_blocked_in_a_poll_has_its_stack_in_the_wall_profile() {
+    let base = serve().await;
+    let s = span_of(&base, "/lookup").await;
+    let (profile, path) = span_pprof(&s, "offcpu-lookup.pb.gz");
+    let wall_ns: u64 = profile.samples.iter().map(|x| x.wall_ns).sum();
+    // 60 ms inside the poll at 100 Hz from a random phase: 6 samples of 10 ms (5 when
+    // the last one falls just past the poll's end on a slow machine).
+    assert!(
+        (40_000_000..=80_000_000).contains(&wall_ns),
+        "wall time of GET /lookup: {wall_ns} ns; {profile:?}"
+    );
+    // Read back by pprof itself: the wall samples' stacks hold the blocking call,
+    // under which the thread slept in the kernel.
+    let path = path.to_str().unwrap();
+    let top = support::go_pprof(&["-sample_index=wall", "-top", "-cum", "-nodecount=200", path]);
+    let row = top
+        .lines()
+        .find(|l| l.contains("offcpu::blocking_lookup"))
+        .unwrap_or_else(|| panic!("no blocking_lookup in the wall profile:\n{top}"));
+    let cum_ns = support::total_ns(&format!(
+        "Total samples = {}",
+        row.split_whitespace().nth(3).unwrap()
+    ));
+    assert!(
+        cum_ns * 10 >= wall_ns * 9,
+        "blocking_lookup holds {cum_ns} of {wall_ns} ns:\n{top}"
+    );
+    let flat = support::top_function(&support::go_pprof(&["-sample_index=wall", "-top", path]));
+    assert!(
+        flat.contains("sleep"),
+        "the wall profile's top frame is {flat}, not the sleep:\n{top}"
+    );
+    // The CPU profile of the same span has (next to) nothing there: it was off CPU.
+    let cpu_ns: u64 = profile.samples.iter().map(|x| x.cpu_ns).sum();
+    assert!(cpu_ns <= 20_000_000, "cpu of GET /lookup: {cpu_ns} ns");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_work_gets_no_wall_clock_samples() {
+    let base = serve().await;
+    let s = span_of(&base, "/cold_lookup").await;
+    let (profile, _) = span_pprof(&s, "offcpu-cold-lookup.pb.gz");
+    assert!(
+        profile.samples.iter().all(|x| x.wall_ns == 0),
+        "{profile:?}"
+    );
 }

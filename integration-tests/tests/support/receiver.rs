@@ -202,6 +202,7 @@ pub fn numbered_source() -> spanprof_export::ProfileSource {
             labels: None,
             count: 1,
             cpu_ns: 10_000_000,
+            wall_ns: 0,
         });
         p
     })

@@ -6,7 +6,10 @@
 //! `bootstrap` integration test keeps the two in sync.
 //!
 //! Each [`ProfileSample`] becomes one pprof sample with the values
-//! `[samples/count, cpu/nanoseconds]` and, when it has [`SampleLabels`], the
+//! `[samples/count, cpu/nanoseconds]`, plus `wall/nanoseconds` when the profile
+//! holds wall-clock samples of hot polls (`go tool pprof -sample_index=wall` shows
+//! where hot spans spent their time, on CPU or blocked), and, when it has
+//! [`SampleLabels`], the
 //! string labels `span_id`, `trace_id`, `span_name`, `route` (when known),
 //! `root_span_id` and `hot` (when the work was profiled at the high rate).
 //! Frames inlined at one address are merged into a single pprof location with
@@ -120,6 +123,14 @@ pub fn to_proto(profile: &Profile) -> proto::Profile {
         },
     ];
 
+    let mut sample_type = sample_type;
+    b.wall = profile.samples.iter().any(|s| s.wall_ns > 0);
+    if b.wall {
+        sample_type.push(proto::ValueType {
+            r#type: b.string("wall"),
+            unit: ns_idx,
+        });
+    }
     let mut samples = Vec::with_capacity(profile.samples.len());
     for s in &profile.samples {
         samples.push(b.sample(s));
@@ -193,6 +204,8 @@ struct Builder {
     labels: HashMap<*const SampleLabels, Vec<proto::Label>>,
     min_address: Option<u64>,
     max_address: Option<u64>,
+    /// Samples carry a third value, wall-clock nanoseconds.
+    wall: bool,
 }
 
 impl Builder {
@@ -283,7 +296,11 @@ impl Builder {
         };
         proto::Sample {
             location_id,
-            value: vec![to_i64(s.count), to_i64(s.cpu_ns)],
+            value: if self.wall {
+                vec![to_i64(s.count), to_i64(s.cpu_ns), to_i64(s.wall_ns)]
+            } else {
+                vec![to_i64(s.count), to_i64(s.cpu_ns)]
+            },
             label,
         }
     }
@@ -389,18 +406,21 @@ mod tests {
                     labels: Some(labels),
                     count: 3,
                     cpu_ns: 30_000_000,
+                    wall_ns: 0,
                 },
                 ProfileSample {
                     stack: stack_b.clone().into(),
                     labels: Some(cold),
                     count: 1,
                     cpu_ns: 10_000_000,
+                    wall_ns: 0,
                 },
                 ProfileSample {
                     stack: stack_b.into(),
                     labels: None,
                     count: 2,
                     cpu_ns: 20_000_000,
+                    wall_ns: 0,
                 },
             ],
             start: UNIX_EPOCH + Duration::from_secs(1_700_000_000),
@@ -544,6 +564,7 @@ mod tests {
                 labels: None,
                 count: 1,
                 cpu_ns: 1,
+                wall_ns: 0,
             }],
             ..Profile::empty(1)
         };

@@ -13,6 +13,9 @@ pub const DEFAULT_BASELINE_HZ: u32 = 99;
 pub const DEFAULT_HIGH_HZ: u32 = 1000;
 /// Highest high rate accepted.
 pub const MAX_HIGH_HZ: u32 = 10_000;
+/// Default rate of wall-clock samples of hot polls, per thread, in samples per
+/// second of wall-clock time spent inside a hot poll.
+pub const DEFAULT_WALL_HZ: u32 = 100;
 /// Default bound on the collector's caches together (symbolized stacks, the
 /// symbolizer's frames and names, window labels), beside the store's own bound.
 pub const DEFAULT_CACHE_BYTES: usize = 32 << 20;
@@ -46,6 +49,7 @@ pub struct ProfilerBuilder {
     pub(super) sampling: Sampling,
     pub(super) baseline_hz: u32,
     pub(super) high_hz: u32,
+    pub(super) wall_hz: u32,
     pub(super) ring_capacity: usize,
     pub(super) drain_interval: Duration,
     pub(super) use_perf_events: bool,
@@ -67,6 +71,7 @@ impl ProfilerBuilder {
             sampling: Sampling::InProcess,
             baseline_hz: DEFAULT_BASELINE_HZ,
             high_hz: DEFAULT_HIGH_HZ,
+            wall_hz: DEFAULT_WALL_HZ,
             ring_capacity: DEFAULT_RING_CAPACITY,
             drain_interval: DEFAULT_DRAIN_INTERVAL,
             use_perf_events: true,
@@ -103,6 +108,17 @@ impl ProfilerBuilder {
     /// [`MAX_HIGH_HZ`]. Without perf events the timer caps it near the kernel tick.
     pub fn high_hz(mut self, hz: u32) -> Self {
         self.high_hz = hz;
+        self
+    }
+
+    /// Wall-clock samples per second while a thread polls hot work (sampled,
+    /// promoted by a per-route rate or already slow): each one takes the stack where
+    /// the thread is, on CPU or blocked in a system call, so a hot span's time off
+    /// CPU inside its polls gets stacks (the `wall` profile). Defaults to
+    /// [`DEFAULT_WALL_HZ`] (100); 0 turns them off. At most 1000. Each hot poll
+    /// starts and stops a timer (two system calls).
+    pub fn wall_hz(mut self, hz: u32) -> Self {
+        self.wall_hz = hz;
         self
     }
 
@@ -152,9 +168,10 @@ impl ProfilerBuilder {
         self
     }
 
-    /// Takes the rates from the environment where set: `SPANPROF_BASELINE_HZ` and
-    /// `SPANPROF_HIGH_HZ` (whole numbers of Hz, the same bounds as
-    /// [`ProfilerBuilder::baseline_hz`] and [`ProfilerBuilder::high_hz`]); settings
+    /// Takes the rates from the environment where set: `SPANPROF_BASELINE_HZ`,
+    /// `SPANPROF_HIGH_HZ` and `SPANPROF_WALL_HZ` (whole numbers of Hz, the same bounds
+    /// as [`ProfilerBuilder::baseline_hz`], [`ProfilerBuilder::high_hz`] and
+    /// [`ProfilerBuilder::wall_hz`]); settings
     /// made after this call win. A value that is not a number is an error naming the
     /// variable; [`Profiler::current_or_start`] (what the layers use when no profiler
     /// runs) reads them.
@@ -186,6 +203,9 @@ impl ProfilerBuilder {
         if let Some(h) = hz("SPANPROF_HIGH_HZ")? {
             self.high_hz = h;
         }
+        if let Some(w) = hz("SPANPROF_WALL_HZ")? {
+            self.wall_hz = w;
+        }
         Ok(self)
     }
 
@@ -214,6 +234,9 @@ impl ProfilerBuilder {
                 "high_hz",
                 format!("{} is above {MAX_HIGH_HZ}", self.high_hz),
             );
+        }
+        if self.wall_hz > 1000 {
+            return bad("wall_hz", format!("{} is above 1000", self.wall_hz));
         }
         if self.ring_capacity < 8 {
             return bad(

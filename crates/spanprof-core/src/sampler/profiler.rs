@@ -49,13 +49,18 @@ pub(super) fn start_platform(cfg: ProfilerBuilder) -> Result<Arc<ProfilerInner>,
     sys::refresh_unwind_modules(false);
     let unwinding = sys::set_unwinding(cfg.unwinding);
     crate::setup::profiler_started(format!(
-        "spanprof: profiler started: {} Hz baseline, {effective_high_hz} Hz for hot requests via {}{}, stacks unwound by {}",
+        "spanprof: profiler started: {} Hz baseline, {effective_high_hz} Hz for hot requests via {}{}, {}, stacks unwound by {}",
         cfg.baseline_hz,
         mechanism.as_str(),
         if effective_high_hz < cfg.high_hz {
             format!(" ({} Hz asked, at most {max_high_hz} with it)", cfg.high_hz)
         } else {
             String::new()
+        },
+        if cfg.wall_hz == 0 {
+            "no wall-clock samples".to_owned()
+        } else {
+            format!("{} Hz wall-clock inside hot polls", cfg.wall_hz)
         },
         match unwinding {
             Unwinding::DwarfCfi => "DWARF call-frame information",
@@ -72,6 +77,7 @@ pub(super) fn start_platform(cfg: ProfilerBuilder) -> Result<Arc<ProfilerInner>,
         high_hz: cfg.high_hz,
         effective_high_hz,
         max_high_hz,
+        wall_hz: cfg.wall_hz,
     };
     if let Some((lo, hi)) = crate::symbolize::executable_text() {
         sys::set_frame_pointer_text(lo as usize, hi as usize);
@@ -96,6 +102,11 @@ pub(super) fn start_platform(cfg: ProfilerBuilder) -> Result<Arc<ProfilerInner>,
             }
         }
     }
+    sys::set_wall_period(if cfg.wall_hz == 0 {
+        0
+    } else {
+        1_000_000_000 / u64::from(cfg.wall_hz)
+    });
     sys::set_enabled(true);
     PROFILING.store(true, Ordering::Release);
     let collector = Collector::start(store.clone(), cfg.drain_interval, cfg.cache_bytes);
@@ -128,6 +139,7 @@ pub(super) fn start_labels_only(cfg: ProfilerBuilder) -> Arc<ProfilerInner> {
             high_hz: cfg.high_hz,
             effective_high_hz: 0,
             max_high_hz: 0,
+            wall_hz: 0,
         },
         store_max_bytes: cfg.store.max_bytes,
         store,
@@ -165,6 +177,8 @@ pub struct Capabilities {
     pub effective_high_hz: u32,
     /// The most the mechanism can deliver per thread.
     pub max_high_hz: u32,
+    /// Wall-clock samples per second inside hot polls (0: none).
+    pub wall_hz: u32,
 }
 
 /// Estimated memory of the profiler, part by part, with the bounds: what
@@ -384,6 +398,7 @@ impl Profiler {
 pub(super) fn stop_platform() {
     PROFILING.store(false, Ordering::Release);
     sys::set_enabled(false);
+    sys::set_wall_period(0);
     let mut reg = registry();
     reg.run = None;
     for t in &reg.threads {

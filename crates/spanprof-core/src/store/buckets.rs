@@ -12,7 +12,13 @@ pub(super) struct Bucket {
 }
 
 impl State {
-    pub(super) fn add_to_bucket(&mut self, time_ns: u64, key: (NameId, bool, u32), weight: u64) {
+    pub(super) fn add_to_bucket(
+        &mut self,
+        time_ns: u64,
+        key: (NameId, bool, u32),
+        weight: u64,
+        wall: bool,
+    ) {
         let (route, labelled, stack) = key;
         let width = self.cfg.bucket_width.as_nanos() as u64;
         let start = time_ns - time_ns % width;
@@ -38,7 +44,7 @@ impl State {
             .entry((route, labelled))
             .or_default();
         let is_new = !stacks.contains_key(&stack);
-        stacks.entry(stack).or_default().add(weight);
+        stacks.entry(stack).or_default().add(weight, wall);
         if is_new {
             self.bytes += BUCKET_ENTRY_BYTES;
             self.stack_ref(stack);

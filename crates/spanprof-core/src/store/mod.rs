@@ -136,6 +136,8 @@ pub(crate) struct IncomingSample<'a> {
     pub(crate) addrs: &'a [u64],
     pub(crate) time_ns: u64,
     pub(crate) weight_ns: u64,
+    /// A wall-clock sample (its weight is wall time), not a CPU sample.
+    pub(crate) wall: bool,
 }
 
 /// A sample's labels: its ids, how hot it was, and the same resolved to strings by
@@ -150,12 +152,18 @@ pub(crate) struct IncomingLabels {
 struct Counts {
     count: u64,
     cpu_ns: u64,
+    wall_ns: u64,
 }
 
 impl Counts {
-    fn add(&mut self, weight: u64) {
-        self.count += 1;
-        self.cpu_ns += weight;
+    /// One sample: CPU (counted, its weight CPU time) or wall-clock.
+    fn add(&mut self, weight: u64, wall: bool) {
+        if wall {
+            self.wall_ns += weight;
+        } else {
+            self.count += 1;
+            self.cpu_ns += weight;
+        }
     }
 }
 
@@ -260,11 +268,11 @@ impl SpanProfileStore {
             let route = s.labels.as_ref().map_or(NameId::NONE, |l| l.ids.route);
             match &s.labels {
                 Some(l) if l.ids.has_span() => {
-                    st.add_to_bucket(s.time_ns, (route, true, stack), s.weight_ns);
-                    st.add_to_span(l, stack, s.time_ns, s.weight_ns)
+                    st.add_to_bucket(s.time_ns, (route, true, stack), s.weight_ns, s.wall);
+                    st.add_to_span(l, stack, s.time_ns, s.weight_ns, s.wall)
                 }
                 _ => {
-                    st.add_to_bucket(s.time_ns, (route, false, stack), s.weight_ns);
+                    st.add_to_bucket(s.time_ns, (route, false, stack), s.weight_ns, s.wall);
                     st.stats.unlabelled_samples += 1
                 }
             }
@@ -350,6 +358,7 @@ mod tests {
             addrs,
             time_ns: monotonic_now_ns(),
             weight_ns: 10,
+            wall: false,
         }
     }
 

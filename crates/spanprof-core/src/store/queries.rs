@@ -163,6 +163,7 @@ impl SpanProfileStore {
                 .or_insert_with(|| (Counts::default(), frames));
             e.0.count += c.count;
             e.0.cpu_ns += c.cpu_ns;
+            e.0.wall_ns += c.wall_ns;
         }
         let mut labels_of_route: HashMap<NameId, Option<Arc<SampleLabels>>> = HashMap::new();
         let samples = agg
@@ -189,6 +190,7 @@ impl SpanProfileStore {
                     labels,
                     count: c.count,
                     cpu_ns: c.cpu_ns,
+                    wall_ns: c.wall_ns,
                 }
             })
             .collect();
@@ -228,6 +230,7 @@ impl SpanProfileStore {
                     labels: Some(labels),
                     count: c.count,
                     cpu_ns: c.cpu_ns,
+                    wall_ns: c.wall_ns,
                 });
             }
         }

@@ -24,6 +24,7 @@ impl State {
         stack: u32,
         time_ns: u64,
         weight: u64,
+        wall: bool,
     ) {
         if !self.spans.contains_key(&l.ids.span_id) {
             let seq = self.next_seq;
@@ -48,14 +49,16 @@ impl State {
         let e = self.spans.get_mut(&l.ids.span_id).expect("inserted above");
         e.first_ns = e.first_ns.min(time_ns);
         e.last_ns = e.last_ns.max(time_ns);
-        e.samples += 1;
-        e.cpu_ns += weight;
+        if !wall {
+            e.samples += 1;
+            e.cpu_ns += weight;
+        }
         if (l.hot as u8) > (e.max_hot as u8) {
             e.max_hot = l.hot;
         }
         let key = (stack, l.hot);
         let is_new = !e.stacks.contains_key(&key);
-        e.stacks.entry(key).or_default().add(weight);
+        e.stacks.entry(key).or_default().add(weight, wall);
         if is_new {
             self.bytes += SPAN_STACK_BYTES;
             self.stack_ref(stack);

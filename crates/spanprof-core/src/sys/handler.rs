@@ -12,11 +12,11 @@ use std::cell::Cell;
 use std::io;
 use std::ptr;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::record::{ENDED, HOT_BITS, LabelIds, LabelRecord, SAMPLED};
-use super::ring::{FLAG_LABELLED, FLAG_PERF, FLAG_TRUNCATED};
-use super::thread::{SIGNAL, ThreadSampler, current_sampler};
+use super::ring::{FLAG_LABELLED, FLAG_PERF, FLAG_TRUNCATED, FLAG_WALL};
+use super::thread::{SIGNAL, ThreadSampler, WALL_TAG, current_sampler};
 use super::timer::CpuTimer;
 use super::{perf, slot, unwind};
 
@@ -26,6 +26,8 @@ thread_local! {
 }
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
+/// The period of wall-clock samples of hot polls, ns (0: off).
+static WALL_PERIOD_NS: AtomicU64 = AtomicU64::new(0);
 static INSTALLED: Mutex<Option<libc::sigaction>> = Mutex::new(None);
 
 /// Whether the calling thread is inside the profiling signal handler right now (for
@@ -33,6 +35,17 @@ static INSTALLED: Mutex<Option<libc::sigaction>> = Mutex::new(None);
 #[cfg(feature = "testing")]
 pub(crate) fn in_signal_handler() -> bool {
     IN_HANDLER.with(|c| c.get())
+}
+
+/// Sets the period of wall-clock samples of hot polls (0 turns them off).
+pub(crate) fn set_wall_period(ns: u64) {
+    WALL_PERIOD_NS.store(ns, Ordering::Relaxed);
+}
+
+/// The period of wall-clock samples of hot polls, ns (0: off).
+#[inline(always)]
+pub(crate) fn wall_period() -> u64 {
+    WALL_PERIOD_NS.load(Ordering::Relaxed)
 }
 
 /// Turns sample recording on or off process-wide.
@@ -225,15 +238,23 @@ fn go_high(ts: &ThreadSampler, label_high_ns: u64) {
 /// thread's own xorshift generator. Signal-safe: integer and float arithmetic only.
 #[inline(always)]
 fn exp_interval(ts: &ThreadSampler, mean_ns: u64) -> u64 {
+    let x = next_random(ts);
+    // A uniform in (0, 1] from the top 53 bits of xorshift64*.
+    let u = ((x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) + 1) as f64 / (1u64 << 53) as f64;
+    let v = -ln_unit(u) * mean_ns as f64;
+    (v as u64).clamp((mean_ns / 64).max(1), mean_ns.saturating_mul(8))
+}
+
+/// The next value of the thread's xorshift64 generator (never 0). Signal-safe; a
+/// signal between its load and store costs a repeated value, nothing more.
+#[inline(always)]
+pub(super) fn next_random(ts: &ThreadSampler) -> u64 {
     let mut x = ts.rng.load(Ordering::Relaxed);
     x ^= x >> 12;
     x ^= x << 25;
     x ^= x >> 27;
     ts.rng.store(x, Ordering::Relaxed);
-    // A uniform in (0, 1] from the top 53 bits of xorshift64*.
-    let u = ((x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) + 1) as f64 / (1u64 << 53) as f64;
-    let v = -ln_unit(u) * mean_ns as f64;
-    (v as u64).clamp((mean_ns / 64).max(1), mean_ns.saturating_mul(8))
+    x
 }
 
 /// `ln(u)` for `u` in (0, 1], without libm: `u = m * 2^e` with `m` in [1, 2), and
@@ -381,6 +402,9 @@ struct SigInfoTimer {
     _pad: i32,
     timer_id: i32,
     overrun: i32,
+    /// The timer's `sigev_value` ([`WALL_TAG`] for the wall-clock timer, 0 for the
+    /// CPU timer).
+    value: usize,
 }
 
 extern "C" fn on_signal(_sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
@@ -411,6 +435,12 @@ unsafe fn handle(info: *const SigInfoTimer, uctx: *mut libc::c_void) {
     let Some(from_perf) = (unsafe { from_perf(info) }) else {
         return; // kill(), sigqueue(): not ours.
     };
+    // SAFETY: SI_TIMER: the timer member of the union is the live one.
+    if !from_perf && unsafe { (*info).value } == WALL_TAG {
+        // SAFETY: the caller's guarantees, passed on.
+        unsafe { wall_sample(ts, info, uctx) };
+        return;
+    }
     // clock_gettime is async-signal-safe.
     let time_ns = super::monotonic_now_ns();
     let rec = slot::current_ptr();
@@ -462,6 +492,62 @@ unsafe fn handle(info: *const SigInfoTimer, uctx: *mut libc::c_void) {
         count_sample(ts, rec, ended, weight_ns);
         // Half full: wake the drain thread rather than wait for its interval (the
         // one system call here, once per half ring).
+        if waiting == ts.ring.half() {
+            super::wake::request_drain();
+        }
+    }
+}
+
+/// A wall-clock sample of a hot poll: the stack wherever the thread is, on CPU or
+/// blocked in a system call, weighted by the wall-clock period; it counts as no CPU
+/// (the span's CPU figures come from CPU samples only).
+///
+/// # Safety
+/// Only from `handle`, with the kernel's `info` (an SI_TIMER siginfo) and `uctx`.
+#[inline(never)]
+unsafe fn wall_sample(ts: &ThreadSampler, info: *const SigInfoTimer, uctx: *mut libc::c_void) {
+    let period = wall_period();
+    if period == 0 {
+        return;
+    }
+    let time_ns = super::monotonic_now_ns();
+    // SAFETY: as in `handle`: a non-null slot pointer is a live `LabelRecord`.
+    let Some(rec) = (unsafe { slot::current_ptr().as_ref() }) else {
+        return; // Between polls: the timer is being stopped.
+    };
+    let (ended, hot) = hotness_at(rec, time_ns);
+    if ended {
+        return;
+    }
+    // SAFETY: SI_TIMER: the timer member of the union is the live one.
+    let overrun = unsafe { (*info).overrun }.max(0) as u64;
+    let weight_ns = period.saturating_mul(1 + overrun);
+    // SAFETY: `uctx` is the kernel's ucontext for this signal.
+    let regs = unsafe { unwind::regs(uctx) };
+    let mut flags = FLAG_WALL | FLAG_LABELLED;
+    let written = ts.ring.write(|s| {
+        // SAFETY: `ts` is this thread's sampler and we run in its signal handler.
+        let (depth, truncated) = unsafe { unwind_stack(ts, &regs, &mut s.frames) };
+        s.depth = depth as u32;
+        if truncated {
+            flags |= FLAG_TRUNCATED;
+            ts.truncated.fetch_add(1, Ordering::Relaxed);
+        }
+        s.ids = rec.ids;
+        s.hot = hot;
+        s.weight_ns = weight_ns;
+        s.time_ns = time_ns;
+        s.flags = flags;
+        s.outer_span = slot::outer_span();
+    });
+    if let Some(waiting) = written {
+        ts.wall_samples.fetch_add(1, Ordering::Relaxed);
+        for r in std::iter::once(rec).chain(rec.root.as_deref()) {
+            // The first pop that sees it hands the span over (`crate::registration`).
+            if r.flags.load(Ordering::Relaxed) & SAMPLED == 0 {
+                r.flags.fetch_or(SAMPLED, Ordering::Relaxed);
+            }
+        }
         if waiting == ts.ring.half() {
             super::wake::request_drain();
         }

@@ -44,7 +44,7 @@ pub use alloc_counter::HandlerAllocCounter;
 pub(crate) use handler::in_signal_handler;
 #[cfg(spanprof_sampler)]
 pub(crate) use handler::{
-    install_handler, on_hot_end, on_hot_push, set_enabled, uninstall_handler,
+    install_handler, on_hot_end, on_hot_push, set_enabled, set_wall_period, uninstall_handler,
 };
 #[cfg(feature = "testing")]
 pub use quarantine::{POISON_BYTE, QuarantineAlloc};
@@ -54,6 +54,37 @@ pub(crate) use thread::{ThreadSampler, probe_perf_events};
 pub(crate) use unwind::{frame_pointers_present, set_frame_pointer_text};
 #[cfg(spanprof_sampler)]
 pub(crate) use wake::{drain_requests, request_drain, wait_for_drain_request};
+
+/// Starts wall-clock sampling of the calling thread for a hot poll, when wall-clock
+/// samples are on and the thread is sampled. Returns whether it did: then
+/// [`wall_end`] must follow, on this thread, when the poll ends.
+#[cfg(spanprof_sampler)]
+#[inline]
+pub(crate) fn wall_begin() -> bool {
+    let period = handler::wall_period();
+    if period == 0 {
+        return false;
+    }
+    // SAFETY: a non-null pointer is this thread's sampler, kept alive by the registry
+    // until the thread detaches, which nulls it; only this thread reads it here.
+    match unsafe { thread::current_sampler().as_ref() } {
+        Some(ts) => {
+            ts.wall_begin(period);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Ends what [`wall_begin`] started (the outermost hot poll stops the timer).
+#[cfg(spanprof_sampler)]
+#[inline]
+pub(crate) fn wall_end() {
+    // SAFETY: as in `wall_begin`.
+    if let Some(ts) = unsafe { thread::current_sampler().as_ref() } {
+        ts.wall_end();
+    }
+}
 
 /// Reads the loaded modules' unwind information for the signal handler: at profiler
 /// start (`only_if_asked` false), and from the drain thread, where it does so only

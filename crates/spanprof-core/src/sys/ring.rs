@@ -17,6 +17,8 @@ pub(crate) const FLAG_PERF: u32 = 1 << 0;
 pub(crate) const FLAG_TRUNCATED: u32 = 1 << 1;
 /// Flag bit: a label record was in the slot.
 pub(crate) const FLAG_LABELLED: u32 = 1 << 2;
+/// Flag bit: a wall-clock sample (of a hot poll), not a CPU sample.
+pub(crate) const FLAG_WALL: u32 = 1 << 3;
 
 /// One sample as the signal handler writes it.
 #[derive(Clone, Copy)]

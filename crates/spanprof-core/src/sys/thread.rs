@@ -88,6 +88,13 @@ pub(crate) struct ThreadSampler {
     pub(crate) detached: AtomicU64,
     pub(crate) rearm_failed: AtomicU64,
     pub(crate) retired: AtomicBool,
+    /// The thread's wall-clock timer: [`WALL_NONE`] until its first hot poll creates
+    /// it (`wall_begin`), [`WALL_OPENING`] while that runs, else its raw id.
+    wall_timer: AtomicUsize,
+    /// Hot polls under way on the thread (they nest); only the thread writes it.
+    wall_depth: AtomicU32,
+    /// Wall-clock samples written.
+    pub(crate) wall_samples: AtomicU64,
 }
 
 // SAFETY: `pthread_t` is an integer handle; every other field is Sync.
@@ -148,6 +155,9 @@ impl ThreadSampler {
             detached: AtomicU64::new(0),
             rearm_failed: AtomicU64::new(0),
             retired: AtomicBool::new(false),
+            wall_timer: AtomicUsize::new(WALL_NONE),
+            wall_depth: AtomicU32::new(0),
+            wall_samples: AtomicU64::new(0),
         })
     }
 
@@ -214,8 +224,97 @@ impl ThreadSampler {
             perf::close(fd);
         }
         self.perf_armed.store(false, Ordering::Relaxed);
+        let wall = self.wall_timer.swap(WALL_NONE, Ordering::AcqRel);
+        if wall < WALL_OPENING {
+            CpuTimer::from_raw(wall).delete();
+        }
+    }
+
+    /// Starts wall-clock sampling of the calling thread (this sampler's own) for a
+    /// hot poll: its `CLOCK_MONOTONIC` timer, created at the first call, fires every
+    /// `period_ns`, the first time after a random part of a period, so polls shorter
+    /// than a period are sampled in proportion to their length. Polls nest: only
+    /// the outermost arms; each call is matched by one [`ThreadSampler::wall_end`].
+    /// A timer that cannot be created is counted as a failed arm and not tried again
+    /// until the thread is armed again.
+    pub(crate) fn wall_begin(&self, period_ns: u64) {
+        let depth = self.wall_depth.load(Ordering::Relaxed);
+        self.wall_depth.store(depth + 1, Ordering::Relaxed);
+        if depth > 0 {
+            return;
+        }
+        if let Some(timer) = self.wall_timer() {
+            let first = 1 + super::handler::next_random(self) % period_ns.max(1);
+            timer.set(first, period_ns);
+        }
+    }
+
+    /// Ends a hot poll begun with [`ThreadSampler::wall_begin`]: the outermost one
+    /// stops the timer.
+    pub(crate) fn wall_end(&self) {
+        let depth = self.wall_depth.load(Ordering::Relaxed);
+        self.wall_depth
+            .store(depth.saturating_sub(1), Ordering::Relaxed);
+        if depth == 1 {
+            let raw = self.wall_timer.load(Ordering::Acquire);
+            if raw < WALL_OPENING {
+                CpuTimer::from_raw(raw).set(0, 0);
+            }
+        }
+    }
+
+    /// The thread's wall-clock timer, created now if it has none.
+    fn wall_timer(&self) -> Option<CpuTimer> {
+        let raw = self.wall_timer.load(Ordering::Acquire);
+        if raw < WALL_OPENING {
+            return Some(CpuTimer::from_raw(raw));
+        }
+        if raw == WALL_OPENING
+            || self
+                .wall_timer
+                .compare_exchange(
+                    WALL_NONE,
+                    WALL_OPENING,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+        {
+            return None;
+        }
+        match CpuTimer::create_wall(self.tid, SIGNAL, WALL_TAG) {
+            Ok(timer) => {
+                if self
+                    .wall_timer
+                    .compare_exchange(
+                        WALL_OPENING,
+                        timer.raw(),
+                        Ordering::Release,
+                        Ordering::Relaxed,
+                    )
+                    .is_err()
+                {
+                    // Disarmed while creating.
+                    timer.delete();
+                    return None;
+                }
+                Some(timer)
+            }
+            Err(_) => {
+                self.rearm_failed.fetch_add(1, Ordering::Relaxed);
+                // Left at WALL_OPENING: the thread does not try again.
+                None
+            }
+        }
     }
 }
+
+/// [`ThreadSampler::wall_timer`]: no timer yet.
+const WALL_NONE: usize = usize::MAX;
+/// [`ThreadSampler::wall_timer`]: being created, or could not be.
+const WALL_OPENING: usize = usize::MAX - 1;
+/// The signal value of wall-clock timer expiries (the CPU timer's is 0).
+pub(crate) const WALL_TAG: usize = 0x5741_4c4c; // "WALL"
 
 /// [`ThreadSampler::perf_fd`]: no event open.
 pub(crate) const PERF_NONE: i32 = -1;

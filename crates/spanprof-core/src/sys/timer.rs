@@ -1,5 +1,6 @@
-//! Per-thread CPU-time timers: `timer_create` on the thread's CPU clock, with the
-//! expiry signal sent to that thread (`SIGEV_THREAD_ID`).
+//! Per-thread timers: `timer_create` on the thread's CPU clock (CPU samples) or on
+//! `CLOCK_MONOTONIC` (wall-clock samples of hot polls), with the expiry signal sent
+//! to that thread (`SIGEV_THREAD_ID`).
 
 use std::io;
 use std::mem;
@@ -44,6 +45,40 @@ impl CpuTimer {
         Ok(CpuTimer(id))
     }
 
+    /// Creates a timer on `CLOCK_MONOTONIC` whose expiries signal the kernel thread
+    /// `tid` with `signo`, carrying `tag` as the signal's value (so the handler tells
+    /// it from the CPU timer, whose value is 0). Not armed yet.
+    pub(crate) fn create_wall(tid: libc::pid_t, signo: i32, tag: usize) -> io::Result<Self> {
+        // SAFETY: `sigevent` is plain data; all-zero is a valid value we then fill.
+        let mut sev: libc::sigevent = unsafe { mem::zeroed() };
+        sev.sigev_notify = libc::SIGEV_THREAD_ID;
+        sev.sigev_signo = signo;
+        sev.sigev_notify_thread_id = tid;
+        sev.sigev_value = libc::sigval {
+            sival_ptr: tag as *mut libc::c_void,
+        };
+        let mut id: libc::timer_t = std::ptr::null_mut();
+        // SAFETY: CLOCK_MONOTONIC always exists; initialised sigevent and out-pointer.
+        let rc = unsafe { libc::timer_create(libc::CLOCK_MONOTONIC, &mut sev, &mut id) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(CpuTimer(id))
+    }
+
+    /// Arms the timer: first expiry after `first_ns` (at least 1), then every
+    /// `period_ns`; `period_ns` 0 with `first_ns` 0 disarms it.
+    #[inline]
+    pub(crate) fn set(&self, first_ns: u64, period_ns: u64) -> bool {
+        let spec = libc::itimerspec {
+            it_interval: timespec(period_ns),
+            it_value: timespec(first_ns),
+        };
+        // SAFETY: `self.0` is a timer created by `create_wall` and not yet deleted;
+        // `spec` is a valid itimerspec.
+        unsafe { libc::timer_settime(self.0, 0, &spec, std::ptr::null_mut()) == 0 }
+    }
+
     /// Sets the period (first expiry after one period). Async-signal-safe.
     #[inline]
     pub(crate) fn set_period(&self, period_ns: u64) -> bool {
@@ -79,5 +114,12 @@ impl CpuTimer {
     /// Rebuilds a handle from [`CpuTimer::raw`] (for `set_period` only; never delete it).
     pub(crate) fn from_raw(raw: usize) -> Self {
         CpuTimer(raw as libc::timer_t)
+    }
+}
+
+fn timespec(ns: u64) -> libc::timespec {
+    libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
     }
 }

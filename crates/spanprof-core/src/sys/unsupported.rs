@@ -67,3 +67,11 @@ pub(crate) fn wait_for_drain_request(seen: u32, timeout: std::time::Duration) {
     let guard = DRAIN_REQUESTS.lock().unwrap_or_else(|e| e.into_inner());
     let _ = DRAIN_REQUESTED.wait_timeout_while(guard, timeout, |n| *n == seen);
 }
+
+pub(crate) fn set_wall_period(_ns: u64) {}
+
+pub(crate) fn wall_begin() -> bool {
+    false
+}
+
+pub(crate) fn wall_end() {}

@@ -44,7 +44,14 @@ pub(crate) fn export_request(
     let mut dict = Dictionary::new();
     let cpu = dict.string("cpu");
     let nanoseconds = dict.string("nanoseconds");
-    let samples = profile.samples.iter().map(|s| dict.sample(s)).collect();
+    // CPU samples only: the stacks only wall-clock samples of hot polls saw are
+    // left out (this profile's sample type is `cpu`).
+    let samples = profile
+        .samples
+        .iter()
+        .filter(|s| s.count > 0)
+        .map(|s| dict.sample(s))
+        .collect();
     let time_unix_nano = profile
         .start
         .duration_since(UNIX_EPOCH)

@@ -100,6 +100,7 @@ fn a_labelled_sample_resolves_to_its_frames_its_span_and_its_attributes() {
         labels: labels(0xabcd, "POST /checkout"),
         count: 2,
         cpu_ns: 20_000_000,
+        wall_ns: 0,
     }]));
     let d = req.dictionary.as_ref().expect("a dictionary");
     let resource = &req.resource_profiles[0];
@@ -163,18 +164,21 @@ fn every_table_keeps_its_zero_entry_empty_and_holds_each_value_once() {
             labels: labels(1, "GET /a"),
             count: 1,
             cpu_ns: 1,
+            wall_ns: 0,
         },
         ProfileSample {
             stack: deep_stack(),
             labels: labels(2, "GET /a"),
             count: 1,
             cpu_ns: 1,
+            wall_ns: 0,
         },
         ProfileSample {
             stack: deep_stack()[2..].into(),
             labels: None,
             count: 1,
             cpu_ns: 1,
+            wall_ns: 0,
         },
     ]));
     let d = req.dictionary.unwrap();
@@ -217,18 +221,21 @@ fn a_sample_outside_any_span_has_no_link_and_an_empty_route_is_left_out() {
             labels: None,
             count: 1,
             cpu_ns: 5,
+            wall_ns: 0,
         },
         ProfileSample {
             stack: deep_stack(),
             labels: labels(0, "GET /a"),
             count: 1,
             cpu_ns: 6,
+            wall_ns: 0,
         },
         ProfileSample {
             stack: deep_stack(),
             labels: labels(9, ""),
             count: 1,
             cpu_ns: 7,
+            wall_ns: 0,
         },
     ]));
     let d = req.dictionary.as_ref().unwrap();
