@@ -237,11 +237,15 @@ fn slow_checkout_shows_its_code_in_the_api_and_the_browser() {
             slowest["long_polls"].as_i64().unwrap_or(0) >= 1,
             "the slowest POST /pay has no long poll: {slowest}"
         );
+        // A reviewed payment holds its worker for the review's 40 ms; an ordinary one
+        // can have a long poll too on a loaded machine (10 ms off CPU in one poll),
+        // so the reviewed ones are told by their time inside polls.
         for pay in pays.iter().filter(|p| p["cpu_source"] == "thread_clock") {
-            if pay["long_polls"].as_i64().unwrap_or(0) >= 1 {
+            if pay["busy_ns"].as_i64().unwrap_or(0) >= 40_000_000 {
                 assert!(
-                    pay["blocked_ns"].as_i64().unwrap_or(0) >= 30_000_000,
-                    "a reviewed payment blocked less than 30 ms: {pay}"
+                    pay["blocked_ns"].as_i64().unwrap_or(0) >= 30_000_000
+                        && pay["long_polls"].as_i64().unwrap_or(0) >= 1,
+                    "a reviewed payment blocked less than 30 ms, or without a long poll: {pay}"
                 );
             }
         }
