@@ -238,23 +238,11 @@ fn go_high(ts: &ThreadSampler, label_high_ns: u64) {
 /// thread's own xorshift generator. Signal-safe: integer and float arithmetic only.
 #[inline(always)]
 fn exp_interval(ts: &ThreadSampler, mean_ns: u64) -> u64 {
-    let x = next_random(ts);
+    let x = ts.next_random();
     // A uniform in (0, 1] from the top 53 bits of xorshift64*.
     let u = ((x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) + 1) as f64 / (1u64 << 53) as f64;
     let v = -ln_unit(u) * mean_ns as f64;
     (v as u64).clamp((mean_ns / 64).max(1), mean_ns.saturating_mul(8))
-}
-
-/// The next value of the thread's xorshift64 generator (never 0). Signal-safe; a
-/// signal between its load and store costs a repeated value, nothing more.
-#[inline(always)]
-pub(super) fn next_random(ts: &ThreadSampler) -> u64 {
-    let mut x = ts.rng.load(Ordering::Relaxed);
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    ts.rng.store(x, Ordering::Relaxed);
-    x
 }
 
 /// `ln(u)` for `u` in (0, 1], without libm: `u = m * 2^e` with `m` in [1, 2), and

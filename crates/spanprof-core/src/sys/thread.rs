@@ -244,9 +244,21 @@ impl ThreadSampler {
             return;
         }
         if let Some(timer) = self.wall_timer() {
-            let first = 1 + super::handler::next_random(self) % period_ns.max(1);
+            let first = 1 + self.next_random() % period_ns.max(1);
             timer.set(first, period_ns);
         }
+    }
+
+    /// The next value of the thread's xorshift64 generator (never 0). Signal-safe; a
+    /// signal between its load and store costs a repeated value, nothing more.
+    #[inline(always)]
+    pub(crate) fn next_random(&self) -> u64 {
+        let mut x = self.rng.load(Ordering::Relaxed);
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng.store(x, Ordering::Relaxed);
+        x
     }
 
     /// Ends a hot poll begun with [`ThreadSampler::wall_begin`]: the outermost one
