@@ -3,7 +3,9 @@
 //! in `raw_profile`, series labels `__name__=process_cpu` and `service_name` (the
 //! OpenTelemetry `service.name`) plus user tags, so Grafana Tempo's
 //! `tracesToProfiles` with profile type `process_cpu:cpu:nanoseconds:cpu:nanoseconds`
-//! finds the profiles with no relabelling. Besides `span_id` and `trace_id`, which
+//! finds the profiles with no relabelling. An interval with wall-clock samples of hot
+//! polls adds a second series, `__name__=wall` (profile type
+//! `wall:wall:nanoseconds:wall:nanoseconds`). Besides `span_id` and `trace_id`, which
 //! Pyroscope keeps per sample, a push carries only bounded sample labels
 //! ([`PUSH_SAMPLE_LABELS`]): Pyroscope makes series of all the others.
 //!
@@ -50,6 +52,9 @@ pub mod proto {
 pub const PUSH_PATH: &str = "/push.v1.PusherService/Push";
 /// The `__name__` series label of CPU profiles.
 pub const PROFILE_NAME: &str = "process_cpu";
+/// The `__name__` series label of the wall-clock profiles of hot polls (profile type
+/// `wall:wall:nanoseconds:wall:nanoseconds`).
+pub const WALL_PROFILE_NAME: &str = "wall";
 /// Default push interval.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -226,12 +231,17 @@ impl PyroscopeConfig {
         self.delivery.validate()
     }
 
-    /// The series labels of every push.
+    /// The series labels of every CPU profile pushed.
     pub fn series_labels(&self) -> Vec<proto::types::v1::LabelPair> {
+        self.series_labels_named(PROFILE_NAME)
+    }
+
+    /// The series labels with `__name__` = `name`.
+    fn series_labels_named(&self, name: &str) -> Vec<proto::types::v1::LabelPair> {
         let mut labels = vec![
             proto::types::v1::LabelPair {
                 name: "__name__".into(),
-                value: PROFILE_NAME.into(),
+                value: name.into(),
             },
             proto::types::v1::LabelPair {
                 name: "service_name".into(),
@@ -250,18 +260,31 @@ impl PyroscopeConfig {
     }
 }
 
-/// The gzip'd pprof of one push: `profile` with only the [`PUSH_SAMPLE_LABELS`].
+/// The gzip'd pprof of one push's CPU profile: `profile`'s CPU samples with only the
+/// [`PUSH_SAMPLE_LABELS`].
 pub(crate) fn push_pprof(profile: &Profile) -> Vec<u8> {
+    push_gz(profile, false)
+}
+
+/// The gzip'd pprof of one push's wall-clock profile (`profile`'s wall-clock samples
+/// of hot polls, labelled as [`push_pprof`]'s), if it has any.
+pub(crate) fn push_pprof_wall(profile: &Profile) -> Option<Vec<u8>> {
+    profile
+        .samples
+        .iter()
+        .any(|s| s.wall_ns > 0)
+        .then(|| push_gz(profile, true))
+}
+
+fn push_gz(profile: &Profile, wall: bool) -> Vec<u8> {
     // Leave the per-request ids out of the labels (and so out of the string table)…
     let mut bounded: HashMap<*const SampleLabels, Arc<SampleLabels>> = HashMap::new();
-    // CPU only: wall-clock samples of hot polls are not pushed (their stacks only
-    // wall-clock samples saw are left out, the rest carry their CPU values).
     let samples = profile
         .samples
         .iter()
-        .filter(|s| s.count > 0)
+        .filter(|s| if wall { s.wall_ns > 0 } else { s.count > 0 })
         .map(|s| ProfileSample {
-            wall_ns: 0,
+            wall_ns: if wall { s.wall_ns } else { 0 },
             labels: s.labels.as_ref().map(|l| {
                 bounded
                     .entry(Arc::as_ptr(l))
@@ -277,10 +300,15 @@ pub(crate) fn push_pprof(profile: &Profile) -> Vec<u8> {
             ..s.clone()
         })
         .collect();
-    let mut pprof = spanprof_core::pprof::to_proto(&Profile {
+    let bounded = Profile {
         samples,
         ..*profile
-    });
+    };
+    let mut pprof = if wall {
+        spanprof_core::pprof::to_proto_wall(&bounded)
+    } else {
+        spanprof_core::pprof::to_proto(&bounded)
+    };
     // …and keep only the listed keys, whatever else the encoder may add one day.
     let keep: Vec<i64> = pprof
         .string_table
@@ -331,16 +359,26 @@ pub(crate) fn new_profile_id() -> String {
 /// the exporter sends (public for the wire-format tests).
 #[doc(hidden)]
 pub fn push_request(cfg: &PyroscopeConfig, pprof_gz: Vec<u8>, id: String) -> Vec<u8> {
-    proto::push::v1::PushRequest {
-        series: vec![proto::push::v1::RawProfileSeries {
-            labels: cfg.series_labels(),
-            samples: vec![proto::push::v1::RawSample {
-                raw_profile: pprof_gz,
-                id,
-            }],
-        }],
+    push_series(cfg, pprof_gz, id, None)
+}
+
+/// [`push_request`] with, when given, a second series: the wall-clock profile
+/// (`__name__` = [`WALL_PROFILE_NAME`]) with its own profile id.
+fn push_series(
+    cfg: &PyroscopeConfig,
+    pprof_gz: Vec<u8>,
+    id: String,
+    wall: Option<(Vec<u8>, String)>,
+) -> Vec<u8> {
+    let series = |labels, raw_profile, id| proto::push::v1::RawProfileSeries {
+        labels,
+        samples: vec![proto::push::v1::RawSample { raw_profile, id }],
+    };
+    let mut all = vec![series(cfg.series_labels(), pprof_gz, id)];
+    if let Some((gz, id)) = wall {
+        all.push(series(cfg.series_labels_named(WALL_PROFILE_NAME), gz, id));
     }
-    .encode_to_vec()
+    proto::push::v1::PushRequest { series: all }.encode_to_vec()
 }
 
 struct PushTransport {
@@ -431,7 +469,13 @@ impl PyroscopeExporter {
                 if cfg.service_name != name {
                     cfg.service_name = name.into_owned();
                 }
-                Some(push_request(&cfg, push_pprof(profile), new_profile_id()))
+                let wall = push_pprof_wall(profile).map(|gz| (gz, new_profile_id()));
+                Some(push_series(
+                    &cfg,
+                    push_pprof(profile),
+                    new_profile_id(),
+                    wall,
+                ))
             },
         );
         Ok(PyroscopeExporter { exporter })

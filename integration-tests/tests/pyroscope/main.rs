@@ -482,3 +482,94 @@ fn series_do_not_grow_with_requests() {
     // Two span names times two hotness values, at most.
     assert!(many.1.len() <= 4, "{:?}", many.1);
 }
+
+/// A synchronous call inside a hot poll: blocked, no CPU.
+#[inline(never)]
+fn blocking_lookup() {
+    std::thread::sleep(Duration::from_millis(80));
+}
+
+/// An interval with wall-clock samples of a hot poll pushes a second series,
+/// `__name__=wall`, whose pprof (type `wall/nanoseconds`, read by `go tool pprof`)
+/// holds the blocked stack under the span's id; the CPU series stays as it was.
+#[test]
+fn wall_clock_samples_are_pushed_as_a_wall_series() {
+    let _serial = support::serial();
+    let profiler = Profiler::builder().start().expect("profiler");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let receiver = rt.block_on(Receiver::start(vec![]));
+    let mut cfg = PyroscopeConfig::new(receiver.url());
+    cfg.service_name = "checkout".into();
+    cfg.interval = Duration::from_millis(300);
+    let exporter = PyroscopeExporter::start(cfg, ProfileSource::profiler(&profiler)).unwrap();
+    let labels = SpanLabels::builder()
+        .trace_id(0x3a11)
+        .span_id(0x3a11)
+        .span_name("GET /lookup")
+        .route("GET /lookup")
+        .hot(Hotness::Sampled)
+        .build();
+    let span_id = labels.span_id_hex();
+    std::thread::spawn(move || {
+        spanprof::register_current_thread();
+        let mut timer = spanprof_core::PollTimer::new(None);
+        timer.poll(&labels, blocking_lookup);
+    })
+    .join()
+    .unwrap();
+    profiler.flush();
+    let stats = exporter.shutdown(Duration::from_secs(5));
+    profiler.stop();
+    assert!(stats.sent >= 1 && stats.dropped() == 0, "{stats:?}");
+
+    let mut walls = vec![];
+    for r in receiver.received() {
+        let req = PushRequest::decode(r.body.as_ref()).unwrap();
+        let name = |s: &spanprof_export::pyroscope::proto::push::v1::RawProfileSeries| {
+            s.labels
+                .iter()
+                .find(|l| l.name == "__name__")
+                .map(|l| l.value.clone())
+        };
+        assert_eq!(name(&req.series[0]).as_deref(), Some("process_cpu"));
+        assert!(req.series.len() <= 2, "{} series", req.series.len());
+        if let Some(wall) = req.series.get(1) {
+            assert_eq!(name(wall).as_deref(), Some("wall"));
+            assert!(
+                wall.labels
+                    .iter()
+                    .any(|l| l.name == "service_name" && l.value == "checkout")
+            );
+            assert_ne!(wall.samples[0].id, req.series[0].samples[0].id);
+            walls.push(wall.samples[0].raw_profile.clone());
+        }
+    }
+    assert!(!walls.is_empty(), "no wall series pushed");
+    let path = support::artifact_dir().join("pyroscope-wall.pb.gz");
+    std::fs::write(&path, &walls[0]).unwrap();
+    let path = path.to_str().unwrap();
+    let pprof = spanprof::pprof::decode(&walls[0]).unwrap();
+    let types: Vec<(&str, &str)> = pprof
+        .sample_type
+        .iter()
+        .map(|t| (string(&pprof, t.r#type), string(&pprof, t.unit)))
+        .collect();
+    assert_eq!(types, [("wall", "nanoseconds")]);
+    let pt = pprof.period_type.as_ref().unwrap();
+    assert_eq!(
+        (string(&pprof, pt.r#type), string(&pprof, pt.unit)),
+        ("wall", "nanoseconds")
+    );
+    let top = support::go_pprof(&[
+        "-top",
+        "-cum",
+        "-nodecount=200",
+        &format!("-tagfocus=span_id={span_id}"),
+        path,
+    ]);
+    assert!(
+        top.contains("pyroscope::blocking_lookup"),
+        "the span's wall profile misses the blocking call:\n{top}"
+    );
+    assert!(support::total_ns(&top) >= 40_000_000, "{top}");
+}

@@ -104,36 +104,67 @@ impl std::error::Error for DecodeError {
 
 /// Builds the protobuf message for `profile`.
 pub fn to_proto(profile: &Profile) -> proto::Profile {
-    let mut b = Builder::default();
+    let values = if profile.samples.iter().any(|s| s.wall_ns > 0) {
+        Values::CountCpuWall
+    } else {
+        Values::CountCpu
+    };
+    build(profile, values)
+}
+
+/// Builds the protobuf message of `profile`'s wall-clock samples alone: sample type
+/// and period type `wall/nanoseconds`, one value per sample, the stacks only CPU
+/// samples saw left out (the profile Pyroscope files as `wall`).
+pub fn to_proto_wall(profile: &Profile) -> proto::Profile {
+    build(profile, Values::Wall)
+}
+
+/// The values each pprof sample carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum Values {
+    /// `samples/count`, `cpu/nanoseconds`.
+    #[default]
+    CountCpu,
+    /// `samples/count`, `cpu/nanoseconds`, `wall/nanoseconds`.
+    CountCpuWall,
+    /// `wall/nanoseconds` alone.
+    Wall,
+}
+
+fn build(profile: &Profile, values: Values) -> proto::Profile {
+    let mut b = Builder {
+        values,
+        ..Builder::default()
+    };
     // Index 0 of the string table must be the empty string.
     b.string("");
 
-    let samples_idx = b.string("samples");
-    let count_idx = b.string("count");
-    let cpu_idx = b.string("cpu");
     let ns_idx = b.string("nanoseconds");
-    let sample_type = vec![
-        proto::ValueType {
-            r#type: samples_idx,
-            unit: count_idx,
-        },
-        proto::ValueType {
-            r#type: cpu_idx,
-            unit: ns_idx,
-        },
-    ];
-
-    let mut sample_type = sample_type;
-    b.wall = profile.samples.iter().any(|s| s.wall_ns > 0);
-    if b.wall {
-        sample_type.push(proto::ValueType {
-            r#type: b.string("wall"),
-            unit: ns_idx,
-        });
-    }
+    let value_type = |b: &mut Builder, kind: &str, unit: i64| proto::ValueType {
+        r#type: b.string(kind),
+        unit,
+    };
+    let (sample_type, main_idx) = if values == Values::Wall {
+        let wall = value_type(&mut b, "wall", ns_idx);
+        let idx = wall.r#type;
+        (vec![wall], idx)
+    } else {
+        let count_idx = b.string("count");
+        let mut types = vec![
+            value_type(&mut b, "samples", count_idx),
+            value_type(&mut b, "cpu", ns_idx),
+        ];
+        if values == Values::CountCpuWall {
+            types.push(value_type(&mut b, "wall", ns_idx));
+        }
+        let idx = types[1].r#type;
+        (types, idx)
+    };
     let mut samples = Vec::with_capacity(profile.samples.len());
     for s in &profile.samples {
-        samples.push(b.sample(s));
+        if values != Values::Wall || s.wall_ns > 0 {
+            samples.push(b.sample(s));
+        }
     }
 
     let filename = std::env::current_exe()
@@ -170,12 +201,17 @@ pub fn to_proto(profile: &Profile) -> proto::Profile {
         time_nanos,
         duration_nanos: to_i64(profile.duration_ns),
         period_type: Some(proto::ValueType {
-            r#type: cpu_idx,
+            r#type: main_idx,
             unit: ns_idx,
         }),
-        period: to_i64(profile.period_ns),
+        // The wall-clock period is not the profile's (that is the CPU baseline's).
+        period: if values == Values::Wall {
+            0
+        } else {
+            to_i64(profile.period_ns)
+        },
         comment: Vec::new(),
-        default_sample_type: cpu_idx,
+        default_sample_type: main_idx,
         doc_url: 0,
     }
 }
@@ -204,8 +240,8 @@ struct Builder {
     labels: HashMap<*const SampleLabels, Vec<proto::Label>>,
     min_address: Option<u64>,
     max_address: Option<u64>,
-    /// Samples carry a third value, wall-clock nanoseconds.
-    wall: bool,
+    /// What each sample carries.
+    values: Values,
 }
 
 impl Builder {
@@ -296,10 +332,12 @@ impl Builder {
         };
         proto::Sample {
             location_id,
-            value: if self.wall {
-                vec![to_i64(s.count), to_i64(s.cpu_ns), to_i64(s.wall_ns)]
-            } else {
-                vec![to_i64(s.count), to_i64(s.cpu_ns)]
+            value: match self.values {
+                Values::CountCpu => vec![to_i64(s.count), to_i64(s.cpu_ns)],
+                Values::CountCpuWall => {
+                    vec![to_i64(s.count), to_i64(s.cpu_ns), to_i64(s.wall_ns)]
+                }
+                Values::Wall => vec![to_i64(s.wall_ns)],
             },
             label,
         }

@@ -35,8 +35,9 @@ impl<K: std::hash::Hash + Eq, V: Default> Table<K, V> {
     }
 }
 
-/// Builds the export request for one profile (one resource, one scope, one profile,
-/// one shared dictionary).
+/// Builds the export request for one profile (one resource, one scope, one shared
+/// dictionary): the CPU profile, and the wall-clock profile of hot polls when the
+/// interval has wall-clock samples.
 pub(crate) fn export_request(
     profile: &Profile,
     service_name: &str,
@@ -44,13 +45,19 @@ pub(crate) fn export_request(
     let mut dict = Dictionary::new();
     let cpu = dict.string("cpu");
     let nanoseconds = dict.string("nanoseconds");
-    // CPU samples only: the stacks only wall-clock samples of hot polls saw are
-    // left out (this profile's sample type is `cpu`).
+    // The stacks only wall-clock samples saw are not in the CPU profile, nor the
+    // stacks only CPU samples saw in the wall profile.
     let samples = profile
         .samples
         .iter()
         .filter(|s| s.count > 0)
-        .map(|s| dict.sample(s))
+        .map(|s| dict.sample(s, s.cpu_ns))
+        .collect();
+    let wall_samples: Vec<pb::Sample> = profile
+        .samples
+        .iter()
+        .filter(|s| s.wall_ns > 0)
+        .map(|s| dict.sample(s, s.wall_ns))
         .collect();
     let time_unix_nano = profile
         .start
@@ -78,6 +85,24 @@ pub(crate) fn export_request(
         profile_id: profile_id.to_vec(),
         ..Default::default()
     };
+    let mut profiles = vec![pb_profile];
+    if !wall_samples.is_empty() {
+        let mut wall_id = profile_id;
+        wall_id[15] = 1;
+        let of_wall = Some(pb::ValueType {
+            type_strindex: dict.string("wall"),
+            unit_strindex: nanoseconds,
+        });
+        profiles.push(pb::Profile {
+            sample_type: of_wall,
+            samples: wall_samples,
+            time_unix_nano,
+            duration_nano: profile.duration_ns,
+            period_type: of_wall,
+            profile_id: wall_id.to_vec(),
+            ..Default::default()
+        });
+    }
     ExportProfilesServiceRequest {
         resource_profiles: vec![pb::ResourceProfiles {
             resource: Some(Resource {
@@ -96,7 +121,7 @@ pub(crate) fn export_request(
                     version: env!("CARGO_PKG_VERSION").into(),
                     ..Default::default()
                 }),
-                profiles: vec![pb_profile],
+                profiles,
                 schema_url: String::new(),
             }],
             schema_url: String::new(),
@@ -132,8 +157,9 @@ impl Dictionary {
         self.strings.get(v.to_owned(), || v.to_owned())
     }
 
-    /// One sample: its stack of locations, its link to the span, its attributes.
-    fn sample(&mut self, sample: &ProfileSample) -> pb::Sample {
+    /// One sample of `value` (its CPU or wall-clock time): its stack of locations, its
+    /// link to the span, its attributes.
+    fn sample(&mut self, sample: &ProfileSample, value: u64) -> pb::Sample {
         let location_indices: Vec<i32> = physical_frames(&sample.stack)
             .map(|frames| self.location(frames))
             .collect();
@@ -148,7 +174,7 @@ impl Dictionary {
             stack_index,
             attribute_indices,
             link_index,
-            values: vec![i64::try_from(sample.cpu_ns).unwrap_or(i64::MAX)],
+            values: vec![i64::try_from(value).unwrap_or(i64::MAX)],
             timestamps_unix_nano: vec![],
         }
     }

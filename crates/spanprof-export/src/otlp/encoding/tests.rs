@@ -261,3 +261,79 @@ fn an_empty_profile_encodes_to_a_request_without_samples() {
         ["", "cpu", "nanoseconds"]
     );
 }
+
+#[test]
+fn wall_clock_samples_make_a_second_profile_of_type_wall() {
+    let blocked: Arc<[Frame]> = vec![
+        frame("clock_nanosleep", "", 0, 0x30, false),
+        frame("blocking_lookup", "src/lookup.rs", 12, 0x40, false),
+    ]
+    .into();
+    let req = round_trip(&profile(vec![
+        // On CPU: CPU and wall-clock samples in the same stack.
+        ProfileSample {
+            stack: deep_stack(),
+            labels: labels(7, "GET /lookup"),
+            count: 1,
+            cpu_ns: 10_000_000,
+            wall_ns: 20_000_000,
+        },
+        // Blocked: wall-clock samples only.
+        ProfileSample {
+            stack: blocked,
+            labels: labels(7, "GET /lookup"),
+            count: 0,
+            cpu_ns: 0,
+            wall_ns: 60_000_000,
+        },
+    ]));
+    let d = req.dictionary.as_ref().unwrap();
+    let profiles = &req.resource_profiles[0].scope_profiles[0].profiles;
+    let [cpu, wall] = profiles.as_slice() else {
+        panic!("two profiles, got {}", profiles.len())
+    };
+    let type_of = |p: &pb::Profile| {
+        let t = p.sample_type.as_ref().unwrap();
+        (
+            d.string_table[t.type_strindex as usize].clone(),
+            d.string_table[t.unit_strindex as usize].clone(),
+        )
+    };
+    assert_eq!(type_of(cpu), ("cpu".to_owned(), "nanoseconds".to_owned()));
+    assert_eq!(type_of(wall), ("wall".to_owned(), "nanoseconds".to_owned()));
+    assert_ne!(cpu.profile_id, wall.profile_id);
+    assert_eq!(cpu.samples.len(), 1, "the blocked stack has no CPU");
+    assert_eq!(cpu.samples[0].values, [10_000_000]);
+    let mut by_leaf: Vec<(String, Vec<i64>)> = wall
+        .samples
+        .iter()
+        .map(|s| (frames_of(d, s).0[0].0.clone(), s.values.clone()))
+        .collect();
+    by_leaf.sort();
+    assert_eq!(
+        by_leaf,
+        [
+            ("clock_nanosleep".to_owned(), vec![60_000_000]),
+            ("hash".to_owned(), vec![20_000_000]),
+        ]
+    );
+    // Linked to the span like CPU samples.
+    for s in &wall.samples {
+        assert_eq!(
+            d.link_table[s.link_index as usize].span_id,
+            7u64.to_be_bytes()
+        );
+    }
+}
+
+#[test]
+fn a_profile_without_wall_clock_samples_is_one_cpu_profile() {
+    let req = round_trip(&profile(vec![ProfileSample {
+        stack: deep_stack(),
+        labels: None,
+        count: 1,
+        cpu_ns: 1,
+        wall_ns: 0,
+    }]));
+    assert_eq!(req.resource_profiles[0].scope_profiles[0].profiles.len(), 1);
+}
