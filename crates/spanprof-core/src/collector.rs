@@ -64,6 +64,9 @@ struct Queue {
     enqueued: u64,
     processed: u64,
     stop: bool,
+    /// When the latest drain whose samples are queued began (monotonic ns): every
+    /// sample written before it is queued or processed.
+    drained_at_ns: u64,
 }
 
 /// The collector's memory figures, published after each batch.
@@ -90,10 +93,13 @@ impl Shared {
     }
 
     /// Empties every ring into the queue. Rings are drained under the registry lock,
-    /// so any thread may call this (one consumer per ring at a time).
-    fn drain(&self) {
+    /// so any thread may call this (one consumer per ring at a time). Returns when the
+    /// pass began if it found nothing and the collector had processed everything
+    /// before it: then every sample written before that moment is in the store.
+    fn drain(&self) -> Option<u64> {
         // Compacted straight out of the rings: a ring slot is a fixed-size sample of
         // about 1 KiB, most of it unused frames, so nothing copies whole slots.
+        let started = sys::monotonic_now_ns();
         let mut drained: Vec<Drained> = Vec::new();
         {
             let mut reg = crate::threads::registry();
@@ -102,10 +108,11 @@ impl Shared {
             }
             crate::threads::prune_retired(&mut reg);
         }
-        if drained.is_empty() {
-            return;
-        }
         let mut q = self.lock();
+        q.drained_at_ns = q.drained_at_ns.max(started);
+        if drained.is_empty() {
+            return (q.processed == q.enqueued).then_some(started);
+        }
         for d in drained {
             if q.samples.len() >= MAX_BACKLOG {
                 self.dropped_backlog.fetch_add(1, Ordering::Relaxed);
@@ -117,6 +124,7 @@ impl Shared {
         }
         drop(q);
         self.cv.notify_all();
+        None
     }
 }
 
@@ -174,6 +182,7 @@ pub(crate) struct Collector {
     pub(crate) windows: Arc<Mutex<Vec<Weak<WindowInner>>>>,
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
+    store: SpanProfileStore,
 }
 
 impl Collector {
@@ -188,8 +197,10 @@ impl Collector {
             dropped_backlog: AtomicU64::new(0),
             memory: Mutex::new(CollectorMemory::default()),
         });
+        let kept = store.clone();
         let drainer = {
             let shared = shared.clone();
+            let store = store.clone();
             std::thread::Builder::new()
                 .name("spanprof-drain".into())
                 .spawn(move || {
@@ -203,7 +214,11 @@ impl Collector {
                         // once; one made before it is covered by the pass, which
                         // empties every ring.
                         let seen = sys::drain_requests();
-                        shared.drain();
+                        if let Some(all_in) = shared.drain() {
+                            // Nothing new: long polls that ended before this pass
+                            // have every sample in the store.
+                            crate::long_poll::emit_ready(&store, all_in);
+                        }
                         sys::refresh_unwind_modules(true);
                         if shared.lock().stop {
                             break;
@@ -226,12 +241,15 @@ impl Collector {
             windows,
             shared,
             threads: vec![drainer, processor],
+            store: kept,
         }
     }
 
     /// Drains every ring now and waits until the store has everything drained.
     pub(crate) fn flush(&self) {
-        self.shared.drain();
+        if let Some(all_in) = self.shared.drain() {
+            crate::long_poll::emit_ready(&self.store, all_in);
+        }
         let mut q = self.shared.lock();
         let target = q.enqueued;
         while q.processed < target && !q.stop {
@@ -284,6 +302,7 @@ fn process(
     let mut labels_cache: LabelsCache =
         BoundedCache::new(cache_bytes - (STACK_CACHE_EIGHTHS + SYMBOL_CACHE_EIGHTHS) * eighth);
     let mut unprofiled = UnprofiledSpans::default();
+    let mut drained_at;
     loop {
         let batch: Vec<Drained> = {
             let mut q = shared.lock();
@@ -309,6 +328,7 @@ fn process(
                 return;
             }
             q.bytes = 0;
+            drained_at = q.drained_at_ns;
             q.samples.drain(..).collect()
         };
         crate::setup::emit_pending();
@@ -347,6 +367,9 @@ fn process(
             None => symbolizer.stack(addrs),
         });
         let open = feed_windows(&windows, &samples, &batch_stacks);
+        // Long polls that ended before this batch was drained have all their samples
+        // in the store now: logged with where their time went.
+        crate::long_poll::emit_ready(&store, drained_at);
         *shared.memory.lock().unwrap_or_else(|e| e.into_inner()) = CollectorMemory {
             stacks: stacks.cache.stats(),
             symbols: symbolizer.stats(),

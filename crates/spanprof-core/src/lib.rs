@@ -14,6 +14,7 @@ mod hooks;
 mod intern;
 mod labels;
 mod line;
+mod long_poll;
 mod offcpu;
 #[cfg(feature = "otel-thread-ctx")]
 mod otel_ctx;

@@ -15,9 +15,9 @@
 
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock};
 use std::task::{Context, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::clock::CLOCK;
 use crate::labels::SpanLabels;
@@ -231,30 +231,6 @@ pub(crate) fn exit_span(span: u64) -> bool {
         record.account_poll(CLOCK.delta_as_nanos(entered_at, CLOCK.raw()));
     })
 }
-
-/// Rate limit of the long-poll warning: the first, then at most one a minute, saying
-/// how many were not logged in between.
-struct WarnLimit {
-    state: Mutex<(Option<Instant>, u64)>,
-}
-
-impl WarnLimit {
-    /// Whether to log now, and how many were held back since the last one logged.
-    fn admit(&self) -> Option<u64> {
-        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let (last, held) = &mut *g;
-        if last.is_some_and(|t| t.elapsed() < Duration::from_secs(60)) {
-            *held += 1;
-            return None;
-        }
-        *last = Some(Instant::now());
-        Some(std::mem::take(held))
-    }
-}
-
-static LONG_POLL_WARNINGS: WarnLimit = WarnLimit {
-    state: Mutex::new((None, 0)),
-};
 
 /// A span's poll accounting and slow promotion, kept by whoever polls its work: each
 /// poll runs with the labels pushed and is timed into [`PollStats`]; work still cold
@@ -492,26 +468,21 @@ impl PollTimer {
                 "spanprof.long_poll"
             );
         }
-        if let Some(more) = LONG_POLL_WARNINGS.admit() {
-            let what = match off_cpu {
-                Some(true) => "blocked off CPU (a blocking call inside an async poll)",
-                Some(false) => "on CPU (heavy work inside an async poll)",
-                None => "on or off CPU",
-            };
-            let more = if more > 0 {
-                format!(" ({more} more long polls since the last warning)")
-            } else {
-                String::new()
-            };
-            tracing::warn!(
-                span = %name,
-                route = %route,
-                thread,
-                "spanprof: a poll of `{name}` ({route}) held its worker for {:.1} ms, {what}; \
-                 every task queued on that worker waited. Move it to spawn_blocking \
-                 (spanprof::spawn_blocking keeps its labels){more}",
-                ns as f64 / 1e6
-            );
+        let report = crate::long_poll::Report {
+            span_id: labels.span_id(),
+            name: name.to_string(),
+            route: route.to_string(),
+            ns,
+            off_cpu,
+            thread: thread.to_owned(),
+            at_ns: sys::monotonic_now_ns(),
+        };
+        // Hot work has wall-clock samples of the poll: the warning waits for them
+        // (the collector logs it, naming the frame). Else it goes now.
+        if off_cpu.is_some() && sys::wall_period() != 0 {
+            crate::long_poll::defer(report);
+        } else {
+            crate::long_poll::warn(&report, None);
         }
     }
 

@@ -313,9 +313,23 @@ async fn a_long_blocking_poll_is_reported_once_on_its_span_and_in_the_log() {
     assert!(duration_ns >= 50_000_000, "{event:?}");
     assert_eq!(field("off_cpu").as_str(), "true", "{event:?}");
     assert_eq!(attr_i64(&s, "spanprof.long_polls"), 1);
-    let warned = warnings();
+    // The warning waits for the poll's wall-clock samples, and names where it blocked:
+    // the handler's own code under the sleep.
+    let mut warned = warnings();
+    for _ in 0..100 {
+        if !warned.is_empty() {
+            break;
+        }
+        spanprof::Profiler::current().unwrap().flush();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        warned = warnings();
+    }
     assert_eq!(warned.len(), 1, "{warned:#?}");
     assert!(warned[0].contains("/block50"), "{warned:#?}");
+    assert!(
+        warned[0].contains(", in offcpu::block_50") && warned[0].contains("main.rs:"),
+        "the warning names no frame of the handler: {warned:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

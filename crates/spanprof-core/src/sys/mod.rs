@@ -45,6 +45,7 @@ pub(crate) use handler::in_signal_handler;
 #[cfg(spanprof_sampler)]
 pub(crate) use handler::{
     install_handler, on_hot_end, on_hot_push, set_enabled, set_wall_period, uninstall_handler,
+    wall_period,
 };
 #[cfg(feature = "testing")]
 pub use quarantine::{POISON_BYTE, QuarantineAlloc};

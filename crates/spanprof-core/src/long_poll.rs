@@ -1,0 +1,256 @@
+//! The long-poll warning, and where a long poll of hot work spent its time: the
+//! poller hands the report over ([`defer`]) and the collector logs it once the
+//! poll's wall-clock and CPU samples are in the store ([`emit_ready`]), naming the
+//! top frame of the span's own code in the heaviest stack. Cold work, and a profiler
+//! with no wall-clock samples, are logged at once, without a frame.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::profile::{Frame, Profile};
+use crate::store::SpanProfileStore;
+
+/// A long poll, as the warning names it.
+#[derive(Debug, Clone)]
+pub(crate) struct Report {
+    /// The span whose labels were pushed (its tree holds the poll's samples).
+    pub(crate) span_id: u64,
+    pub(crate) name: String,
+    pub(crate) route: String,
+    pub(crate) ns: u64,
+    /// Mostly blocked (`Some(true)`), mostly on CPU, or unknown (cold work).
+    pub(crate) off_cpu: Option<bool>,
+    pub(crate) thread: String,
+    /// When the poll ended (`sys::monotonic_now_ns`).
+    pub(crate) at_ns: u64,
+}
+
+/// Reports waiting for their samples; past this many, a report is logged at once.
+const MAX_PENDING: usize = 64;
+
+static PENDING: Mutex<VecDeque<Report>> = Mutex::new(VecDeque::new());
+
+/// Queues `report` for the collector, or logs it now when the queue is full.
+pub(crate) fn defer(report: Report) {
+    let mut q = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+    if q.len() >= MAX_PENDING {
+        drop(q);
+        warn(&report, None);
+        return;
+    }
+    q.push_back(report);
+}
+
+/// Logs every report of a poll that ended before `cutoff_ns` (all its samples are
+/// in `store` then), with the top user frame of its span tree's heaviest stack.
+pub(crate) fn emit_ready(store: &SpanProfileStore, cutoff_ns: u64) {
+    let ready: Vec<Report> = {
+        let mut q = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+        if q.is_empty() {
+            return;
+        }
+        let (ready, waiting): (VecDeque<Report>, VecDeque<Report>) =
+            q.drain(..).partition(|r| r.at_ns < cutoff_ns);
+        *q = waiting;
+        ready.into()
+    };
+    for r in ready {
+        let frame = store
+            .span_tree(r.span_id)
+            .and_then(|p| top_frame(&p, r.off_cpu == Some(true)));
+        warn(&r, frame.as_deref());
+    }
+}
+
+/// The first frame of the service's own code (not the standard library, a crate
+/// from a registry, or a C library) in the heaviest stack: by wall-clock time
+/// for a poll that blocked, else by CPU and wall-clock time.
+fn top_frame(profile: &Profile, off_cpu: bool) -> Option<String> {
+    let weight = |s: &crate::profile::ProfileSample| {
+        if off_cpu {
+            s.wall_ns
+        } else {
+            s.cpu_ns + s.wall_ns
+        }
+    };
+    let heaviest = profile
+        .samples
+        .iter()
+        .filter(|s| weight(s) > 0)
+        .max_by_key(|s| weight(s))?;
+    heaviest.stack.iter().find(|f| is_own_code(f)).map(|f| {
+        let file = f.file.as_deref().unwrap_or("?");
+        format!("{} ({file}:{})", f.function, f.line)
+    })
+}
+
+/// Whether `f` is the service's own code, as far as a frame tells: Rust source (C
+/// libraries such as glibc are not the service's), outside the standard library
+/// (its functions' paths begin with `std`, `core` or `alloc`; the symbolizer gives
+/// file names without their directory) and the cargo registries.
+fn is_own_code(f: &Frame) -> bool {
+    let Some(file) = f.file.as_deref() else {
+        return false;
+    };
+    // `<T as Trait>::method` is the code of `T`'s impl: a generic parameter's (no
+    // path: `<F as core::future::Future>::poll`) is the library's.
+    let function = f.function.trim_start_matches('<');
+    let own_type = function.split(" as ").next().unwrap_or_default();
+    let own_type = own_type
+        .trim_start_matches('&')
+        .trim_start_matches("mut ")
+        .trim_start_matches("dyn ");
+    let root = own_type.split("::").next().unwrap_or_default();
+    let generic = function.contains(" as ") && !own_type.contains("::");
+    let library = generic
+        || matches!(root, "std" | "core" | "alloc")
+        || file.starts_with("/rustc/")
+        || file.contains("/.cargo/registry/")
+        || file.contains("/.cargo/git/");
+    file.ends_with(".rs") && !library
+}
+
+/// Rate limit of the long-poll warning: the first, then at most one a minute, saying
+/// how many were not logged in between.
+struct WarnLimit {
+    state: Mutex<(Option<Instant>, u64)>,
+}
+
+impl WarnLimit {
+    /// Whether to log now, and how many were held back since the last one logged.
+    fn admit(&self) -> Option<u64> {
+        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (last, held) = &mut *g;
+        if last.is_some_and(|t| t.elapsed() < Duration::from_secs(60)) {
+            *held += 1;
+            return None;
+        }
+        *last = Some(Instant::now());
+        Some(std::mem::take(held))
+    }
+}
+
+static LONG_POLL_WARNINGS: WarnLimit = WarnLimit {
+    state: Mutex::new((None, 0)),
+};
+
+/// Logs `r` at warn (rate limited), with the frame where its time went when known.
+pub(crate) fn warn(r: &Report, frame: Option<&str>) {
+    let Some(more) = LONG_POLL_WARNINGS.admit() else {
+        return;
+    };
+    let what = match r.off_cpu {
+        Some(true) => "blocked off CPU (a blocking call inside an async poll)",
+        Some(false) => "on CPU (heavy work inside an async poll)",
+        None => "on or off CPU",
+    };
+    let at = frame.map_or_else(String::new, |f| format!(", in {f}"));
+    let more = if more > 0 {
+        format!(" ({more} more long polls since the last warning)")
+    } else {
+        String::new()
+    };
+    let (name, route, thread) = (&r.name, &r.route, &r.thread);
+    tracing::warn!(
+        span = %name,
+        route = %route,
+        thread = %thread,
+        "spanprof: a poll of `{name}` ({route}) held its worker for {:.1} ms, {what}{at}; \
+         every task queued on that worker waited. Move it to spawn_blocking \
+         (spanprof::spawn_blocking keeps its labels){more}",
+        r.ns as f64 / 1e6
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::ProfileSample;
+
+    fn frame(function: &str, file: Option<&str>) -> Frame {
+        Frame {
+            function: function.into(),
+            file: file.map(Into::into),
+            line: 7,
+            address: 1,
+            inlined: false,
+        }
+    }
+
+    fn sample(stack: Vec<Frame>, cpu_ns: u64, wall_ns: u64) -> ProfileSample {
+        ProfileSample {
+            stack: stack.into(),
+            labels: None,
+            count: u64::from(cpu_ns > 0),
+            cpu_ns,
+            wall_ns,
+        }
+    }
+
+    #[test]
+    fn the_top_frame_is_the_services_own_code_in_the_heaviest_stack() {
+        let blocked = vec![
+            frame("__GI___clock_nanosleep", Some("clock_nanosleep.c")),
+            frame("std::sys::thread::unix::sleep::nanosleep", Some("unix.rs")),
+            frame(
+                "<F as core::future::future::Future>::poll",
+                Some("future.rs"),
+            ),
+            frame("checkout::legacy_review", Some("src/payments.rs")),
+            frame(
+                "tokio::runtime::task::poll",
+                Some("/root/.cargo/registry/src/index/tokio-1/src/runtime/task.rs"),
+            ),
+        ];
+        let busy = vec![frame("checkout::score", Some("/srv/app/src/fraud.rs"))];
+        let p = Profile {
+            samples: vec![
+                sample(blocked, 0, 40_000_000),
+                sample(busy, 9_000_000, 10_000_000),
+            ],
+            ..Profile::empty(1)
+        };
+        assert_eq!(
+            top_frame(&p, true).as_deref(),
+            Some("checkout::legacy_review (src/payments.rs:7)")
+        );
+        // On CPU: by CPU and wall time together.
+        let p2 = Profile {
+            samples: vec![
+                sample(vec![frame("a::light", Some("src/a.rs"))], 1, 1),
+                sample(vec![frame("a::heavy", Some("src/a.rs"))], 30, 0),
+            ],
+            ..Profile::empty(1)
+        };
+        assert_eq!(
+            top_frame(&p2, false).as_deref(),
+            Some("a::heavy (src/a.rs:7)")
+        );
+        // A trait impl of the service's own type is its code.
+        let p4 = Profile {
+            samples: vec![sample(
+                vec![
+                    frame(
+                        "<alloc::vec::Vec<T> as core::clone::Clone>::clone",
+                        Some("vec.rs"),
+                    ),
+                    frame("<app::Cart as core::fmt::Display>::fmt", Some("cart.rs")),
+                ],
+                5,
+                0,
+            )],
+            ..Profile::empty(1)
+        };
+        assert_eq!(
+            top_frame(&p4, false).as_deref(),
+            Some("<app::Cart as core::fmt::Display>::fmt (cart.rs:7)")
+        );
+        // Nothing of the service's own: no frame named.
+        let p3 = Profile {
+            samples: vec![sample(vec![frame("clock_nanosleep", None)], 0, 5)],
+            ..Profile::empty(1)
+        };
+        assert_eq!(top_frame(&p3, true), None);
+    }
+}
