@@ -255,7 +255,14 @@ async fn a_spans_duration_is_split_into_cpu_blocked_scheduled_and_waiting() {
     assert_near("scheduling delay", sched, want, &s);
     assert_small("cpu", cpu, &s);
     assert_small("blocked", blocked, &s);
-    assert_small("wait", wait, &s);
+    // Until both spawned tasks have started the request truly waits (not runnable):
+    // on a loaded machine that takes a few ms more (14 ms seen in CI).
+    assert!(
+        wait <= want * 0.3,
+        "wait of {}: {wait:.1} ms, arranged a few ms; attributes {:?}",
+        s.name,
+        s.attributes
+    );
     // Each split sums to the span's duration.
     for route in ["/cpu", "/block", "/timer", "/ready"] {
         let name = format!("GET {route}");
