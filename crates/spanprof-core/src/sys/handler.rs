@@ -531,10 +531,7 @@ unsafe fn wall_sample(ts: &ThreadSampler, info: *const SigInfoTimer, uctx: *mut 
     if let Some(waiting) = written {
         ts.wall_samples.fetch_add(1, Ordering::Relaxed);
         for r in std::iter::once(rec).chain(rec.root.as_deref()) {
-            // The first pop that sees it hands the span over (`crate::registration`).
-            if r.flags.load(Ordering::Relaxed) & SAMPLED == 0 {
-                r.flags.fetch_or(SAMPLED, Ordering::Relaxed);
-            }
+            mark_sampled(r);
         }
         if waiting == ts.ring.half() {
             super::wake::request_drain();
@@ -622,11 +619,17 @@ fn count_sample(ts: &ThreadSampler, rec: Option<&LabelRecord>, ended: bool, weig
         for r in std::iter::once(r).chain(r.root.as_deref()) {
             r.cpu_samples.fetch_add(1, Ordering::Relaxed);
             r.cpu_ns.fetch_add(weight_ns, Ordering::Relaxed);
-            // The first pop that sees it hands the span over (`crate::registration`).
-            if r.flags.load(Ordering::Relaxed) & SAMPLED == 0 {
-                r.flags.fetch_or(SAMPLED, Ordering::Relaxed);
-            }
+            mark_sampled(r);
         }
+    }
+}
+
+/// Marks the record sampled, once: the first pop that sees it hands the span over
+/// (`crate::registration`).
+#[inline(always)]
+fn mark_sampled(r: &LabelRecord) {
+    if r.flags.load(Ordering::Relaxed) & SAMPLED == 0 {
+        r.flags.fetch_or(SAMPLED, Ordering::Relaxed);
     }
 }
 
