@@ -298,6 +298,9 @@ pub const DEFAULT_LONG_POLL: Duration = Duration::from_millis(10);
 /// times the threshold: shorter ones may be the OS preempting the thread.
 const COLD_REPORT_FACTOR: u64 = 5;
 
+/// A long poll is logged at warn only at this many times the threshold.
+const WARN_FACTOR: u64 = 2;
+
 /// Long polls seen in this process ([`long_polls`]).
 static LONG_POLLS: AtomicU64 = AtomicU64::new(0);
 
@@ -474,6 +477,13 @@ impl PollTimer {
                 thread,
                 "spanprof.long_poll"
             );
+        }
+        // The warning is for what a user must fix: twice the threshold. A loaded
+        // machine holds a thread off CPU past the threshold now and then (page
+        // faults, reclaim; 15 ms seen in CI on a correct set-up), which the count and
+        // the event above still show.
+        if ns < WARN_FACTOR * self.long_poll_ns {
+            return;
         }
         let report = crate::long_poll::Report {
             span_id: labels.span_id(),
