@@ -67,6 +67,8 @@ pub use service::env_service_name;
 #[doc(hidden)]
 pub use labels::current_span_id;
 #[doc(hidden)]
+pub use long_poll::{stack as long_poll_stack, stack_pending as long_poll_stack_pending};
+#[doc(hidden)]
 pub use poll::PollTimer;
 #[doc(hidden)]
 pub use profile::physical_frames;

@@ -1,11 +1,13 @@
-//! The long-poll warning, and where a long poll of hot work spent its time: the
-//! poller hands the report over ([`defer`]) and the collector logs it once the
-//! poll's wall-clock and CPU samples are in the store ([`emit_ready`]), naming the
-//! top frame of the span's own code in the heaviest stack. Cold work, and a profiler
-//! with no wall-clock samples, are logged at once, without a frame.
+//! The long-poll warning and stack, and where a long poll of hot work spent its
+//! time: the poller hands the report over ([`defer`]) and the collector, once the
+//! poll's wall-clock and CPU samples are in the store ([`emit_ready`]), keeps the
+//! top frames of the span's heaviest stack for the span's `spanprof.long_poll` event
+//! ([`stack`]) and logs the warning, naming the top frame of the span's own code.
+//! Cold work, and a profiler with no wall-clock samples, are logged at once, without
+//! a frame or stack.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::profile::{Frame, Profile};
@@ -24,6 +26,8 @@ pub(crate) struct Report {
     pub(crate) thread: String,
     /// When the poll ended (`sys::monotonic_now_ns`).
     pub(crate) at_ns: u64,
+    /// Whether to log it at warn (past twice the threshold), not only keep its stack.
+    pub(crate) warn: bool,
 }
 
 /// Reports waiting for their samples; past this many, a report is logged at once.
@@ -31,15 +35,60 @@ const MAX_PENDING: usize = 64;
 
 static PENDING: Mutex<VecDeque<Report>> = Mutex::new(VecDeque::new());
 
+/// Frames kept per long poll's stack, leaf first.
+const STACK_FRAMES: usize = 8;
+
+/// Stacks kept for spans not exported yet; past it the oldest goes. A batching span
+/// pipeline exports within seconds; this holds a minute of long polls at 17 a second.
+const MAX_STACKS: usize = 1024;
+
+/// The top frames of each recent long poll's span, oldest first.
+static STACKS: Mutex<VecDeque<(u64, Arc<[String]>)>> = Mutex::new(VecDeque::new());
+
 /// Queues `report` for the collector, or logs it now when the queue is full.
 pub(crate) fn defer(report: Report) {
     let mut q = PENDING.lock().unwrap_or_else(|e| e.into_inner());
     if q.len() >= MAX_PENDING {
         drop(q);
-        warn(&report, None);
+        if report.warn {
+            warn(&report, None);
+        }
         return;
     }
     q.push_back(report);
+}
+
+/// The top frames ([`STACK_FRAMES`], leaf first, each `function (file:line)`) of the
+/// heaviest stack sampled in span `span_id`'s tree by the time its long poll was
+/// taken in by the collector: wall-clock time for a poll that blocked, else CPU and
+/// wall-clock time. `None` while the poll's samples are on their way, for cold work
+/// (no wall-clock samples) and for a span with no long poll.
+#[doc(hidden)]
+pub fn stack(span_id: u64) -> Option<Arc<[String]>> {
+    let g = STACKS.lock().unwrap_or_else(|e| e.into_inner());
+    g.iter()
+        .rev()
+        .find(|(id, _)| *id == span_id)
+        .map(|(_, s)| s.clone())
+}
+
+/// Whether a long poll of span `span_id` waits for its samples ([`stack`] has
+/// nothing for it yet; [`crate::Profiler::flush`] takes them in).
+#[doc(hidden)]
+pub fn stack_pending(span_id: u64) -> bool {
+    PENDING
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .any(|r| r.span_id == span_id)
+}
+
+fn keep_stack(span_id: u64, frames: Arc<[String]>) {
+    let mut g = STACKS.lock().unwrap_or_else(|e| e.into_inner());
+    if g.len() >= MAX_STACKS {
+        g.pop_front();
+    }
+    g.push_back((span_id, frames));
 }
 
 /// Logs every report of a poll that ended before `cutoff_ns` (all its samples are
@@ -56,17 +105,24 @@ pub(crate) fn emit_ready(store: &SpanProfileStore, cutoff_ns: u64) {
         ready.into()
     };
     for r in ready {
-        let frame = store
-            .span_tree(r.span_id)
-            .and_then(|p| top_frame(&p, r.off_cpu == Some(true)));
-        warn(&r, frame.as_deref());
+        let profile = store.span_tree(r.span_id);
+        let heaviest = profile
+            .as_ref()
+            .and_then(|p| heaviest(p, r.off_cpu == Some(true)));
+        if let Some(stack) = heaviest {
+            let frames: Arc<[String]> = stack.iter().take(STACK_FRAMES).map(describe).collect();
+            keep_stack(r.span_id, frames);
+        }
+        if r.warn {
+            let frame = heaviest.and_then(|s| s.iter().find(|f| is_own_code(f)));
+            warn(&r, frame.map(describe).as_deref());
+        }
     }
 }
 
-/// The first frame of the service's own code (not the standard library, a crate
-/// from a registry, or a C library) in the heaviest stack: by wall-clock time
-/// for a poll that blocked, else by CPU and wall-clock time.
-fn top_frame(profile: &Profile, off_cpu: bool) -> Option<String> {
+/// The heaviest stack: by wall-clock time for a poll that blocked, else by CPU and
+/// wall-clock time.
+fn heaviest(profile: &Profile, off_cpu: bool) -> Option<&[Frame]> {
     let weight = |s: &crate::profile::ProfileSample| {
         if off_cpu {
             s.wall_ns
@@ -74,15 +130,31 @@ fn top_frame(profile: &Profile, off_cpu: bool) -> Option<String> {
             s.cpu_ns + s.wall_ns
         }
     };
-    let heaviest = profile
+    profile
         .samples
         .iter()
         .filter(|s| weight(s) > 0)
-        .max_by_key(|s| weight(s))?;
-    heaviest.stack.iter().find(|f| is_own_code(f)).map(|f| {
-        let file = f.file.as_deref().unwrap_or("?");
-        format!("{} ({file}:{})", f.function, f.line)
-    })
+        .max_by_key(|s| weight(s))
+        .map(|s| &s.stack[..])
+}
+
+/// A frame as the event and the warning name it: `function (file:line)`, or the
+/// function alone where debug info has no file.
+fn describe(f: &Frame) -> String {
+    match f.file.as_deref() {
+        Some(file) => format!("{} ({file}:{})", f.function, f.line),
+        None => f.function.to_string(),
+    }
+}
+
+/// The first frame of the service's own code (not the standard library, a crate
+/// from a registry, or a C library) in the heaviest stack.
+#[cfg(test)]
+fn top_frame(profile: &Profile, off_cpu: bool) -> Option<String> {
+    heaviest(profile, off_cpu)?
+        .iter()
+        .find(|f| is_own_code(f))
+        .map(describe)
 }
 
 /// Whether `f` is the service's own code, as far as a frame tells: Rust source (C

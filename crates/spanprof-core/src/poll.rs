@@ -482,7 +482,9 @@ impl PollTimer {
         // machine holds a thread off CPU past the threshold now and then (page
         // faults, reclaim; 15 ms seen in CI on a correct set-up), which the count and
         // the event above still show.
-        if ns < WARN_FACTOR * self.long_poll_ns {
+        let warn = ns >= WARN_FACTOR * self.long_poll_ns;
+        let sampled = off_cpu.is_some() && sys::wall_period() != 0;
+        if !warn && !sampled {
             return;
         }
         let report = crate::long_poll::Report {
@@ -493,10 +495,12 @@ impl PollTimer {
             off_cpu,
             thread: thread.to_owned(),
             at_ns: sys::monotonic_now_ns(),
+            warn,
         };
-        // Hot work has wall-clock samples of the poll: the warning waits for them
-        // (the collector logs it, naming the frame). Else it goes now.
-        if off_cpu.is_some() && sys::wall_period() != 0 {
+        // Hot work has wall-clock samples of the poll: the event's stack and the
+        // warning wait for them (the collector keeps the one and logs the other,
+        // naming the frame). Else the warning goes now.
+        if sampled {
             crate::long_poll::defer(report);
         } else {
             crate::long_poll::warn(&report, None);

@@ -48,6 +48,15 @@ pub const ATTR_WAIT_NS: &str = "spanprof.wait_ns";
 pub const ATTR_LONG_POLLS: &str = "spanprof.long_polls";
 /// `sampled` or `slow` when the span was profiled at the high rate; absent otherwise.
 pub const ATTR_HOT: &str = "spanprof.hot";
+/// The event a poll past its route's long-poll threshold adds to its span.
+pub const EVENT_LONG_POLL: &str = "spanprof.long_poll";
+/// On a [`EVENT_LONG_POLL`] event of hot work: the top frames of the span's heaviest
+/// stack sampled by then (wall-clock time for a poll that blocked, else CPU and
+/// wall-clock time), leaf first, each `function (file:line)`. Written by
+/// [`SpanProfileProcessor::batch`] as the span is exported, once the poll's samples
+/// are in; [`SpanProfileProcessor::new`] writes it only when they were in as the
+/// span ended.
+pub const ATTR_LONG_POLL_STACK: &str = "stack";
 
 /// A [`SpanProcessor`] that adds spanprof's attributes to the spans CPU samples landed
 /// in as they end (all profiled spans with
@@ -157,6 +166,7 @@ fn write_attributes(span: &mut SpanData, figures: Figures) {
     let profile_id = (figures.own_profile_id && figures.cpu_samples > 0)
         .then(|| KeyValue::new(ATTR_PROFILE_ID, format!("{:016x}", span_id(span))));
     let hot = figures.hot.as_str().map(|hot| KeyValue::new(ATTR_HOT, hot));
+    let long_polls = figures.long_polls;
     let figures = profile_id
         .into_iter()
         .chain([
@@ -180,6 +190,29 @@ fn write_attributes(span: &mut SpanData, figures: Figures) {
     // was measured not to cost more in the allocator).
     span.attributes.reserve_exact(figures.size_hint().0);
     span.attributes.extend(figures);
+    if long_polls > 0 {
+        add_long_poll_stack(span);
+    }
+}
+
+/// Adds the stack sampled in the span's long polls to its `spanprof.long_poll`
+/// events, when the collector has it.
+fn add_long_poll_stack(span: &mut SpanData) {
+    let Some(stack) = spanprof_core::long_poll_stack(span_id(span)) else {
+        return;
+    };
+    let frames: Vec<opentelemetry::StringValue> = stack.iter().map(|f| f.clone().into()).collect();
+    for event in span
+        .events
+        .events
+        .iter_mut()
+        .filter(|e| e.name == EVENT_LONG_POLL)
+    {
+        event.attributes.push(KeyValue::new(
+            ATTR_LONG_POLL_STACK,
+            opentelemetry::Value::Array(frames.clone().into()),
+        ));
+    }
 }
 
 /// The span's duration split four ways: CPU, blocked inside polls, runnable but not
@@ -292,6 +325,15 @@ impl<E: SpanExporter> SpanExporter for ProfileAttributes<E> {
         mut batch: Vec<SpanData>,
     ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
         let ids: Vec<u64> = batch.iter().map(span_id).collect();
+        // A long poll's stack is kept once its samples are in: on this thread (not a
+        // request's), wait for them.
+        if ids
+            .iter()
+            .any(|&id| spanprof_core::long_poll_stack_pending(id))
+            && let Some(profiler) = spanprof_core::Profiler::current()
+        {
+            profiler.flush();
+        }
         for (span, figures) in batch.iter_mut().zip(registry::take_many(&ids)) {
             if let Some(figures) = figures {
                 write_attributes(span, figures);

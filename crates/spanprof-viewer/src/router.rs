@@ -97,7 +97,7 @@ impl Viewer {
     /// | `GET /debug/spanprof/api/traces/{trace_id}` | a trace's spans |
     /// | `GET /debug/spanprof/api/spans?name=&trace_id=&limit=` | spans of a name, slowest first (in one trace, or all) |
     /// | `GET /debug/spanprof/api/memory` | the profiler's and the viewer's memory, with their bounds |
-    /// | `GET /debug/spanprof/api/spans/{span_id}/top?n=&by=self\|total` | top functions of a span and everything under it |
+    /// | `GET /debug/spanprof/api/spans/{span_id}/top?n=&by=self\|total` | top functions of a span and everything under it, its wall-clock time and its long polls' stack |
     /// | `GET /debug/spanprof/flamegraph/{span_id}?value=` | its flamegraph (SVG): `cpu` (the default) or `wall` (hot polls' wall-clock time, on and off CPU) |
     /// | `GET /debug/spanprof/diff/{span_id}?minutes=` | differential flamegraph against its route's recent profile |
     /// | `GET /debug/spanprof/profile?span_id=…` | pprof download (or `?trace_id=`, or `?seconds=`; `&type=cpu` allowed) |
@@ -531,7 +531,7 @@ async fn top(
     Strict(q): Strict<TopQuery>,
 ) -> Response {
     let span = span_id.clone();
-    render_span(&v, &span_id, move |_, _, p| {
+    render_span(&v, &span_id, move |_, id, p| {
         let total = p.cpu_ns().max(1);
         let n = q.n;
         let functions = if q.by_total {
@@ -549,10 +549,14 @@ async fn top(
                 self_pct: 100.0 * f.self_ns as f64 / total as f64,
             })
             .collect();
+        let wall_ns: u64 = p.samples.iter().map(|s| s.wall_ns).sum();
+        let long_poll_stack = spanprof_core::long_poll_stack(id);
         Json(serde_json::json!({
             "span_id": span,
             "samples": p.sample_count(),
             "cpu_ns": p.cpu_ns(),
+            "wall_ns": wall_ns,
+            "long_poll_stack": long_poll_stack.as_deref(),
             "functions": rows,
         }))
         .into_response()

@@ -2,7 +2,8 @@
 //! CPU inside its polls, blocked inside its polls, runnable but not yet polled, and
 //! waiting; and a poll that holds a worker too long reported once, on the span and
 //! in the log. A real axum server over loopback, a real client, the OpenTelemetry
-//! SDK's in-memory exporter behind spanprof's span processor.
+//! SDK's in-memory exporter behind spanprof's batching span processor (the
+//! pipeline a service runs: its attributes are written as each batch is exported).
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -15,7 +16,7 @@ use axum::Router;
 use axum::routing::get;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SpanData;
-use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SimpleSpanProcessor};
+use opentelemetry_sdk::trace::{BatchConfigBuilder, InMemorySpanExporter, SdkTracerProvider};
 use spanprof_tower::{
     ProfileCorrelationLayer, RoutePolicy, SpanProfileLayer, SpanProfileProcessor,
 };
@@ -31,7 +32,7 @@ const ARRANGED: Duration = Duration::from_millis(100);
 struct Telemetry {
     exporter: InMemorySpanExporter,
     logs: Arc<Mutex<Vec<String>>>,
-    _provider: SdkTracerProvider,
+    provider: SdkTracerProvider,
 }
 
 /// tracing + tracing-opentelemetry + spanprof's layer, exporting to memory through
@@ -42,9 +43,12 @@ fn telemetry() -> &'static Telemetry {
     T.get_or_init(|| {
         let exporter = InMemorySpanExporter::default();
         let provider = SdkTracerProvider::builder()
-            .with_span_processor(SpanProfileProcessor::new(SimpleSpanProcessor::new(
+            .with_span_processor(SpanProfileProcessor::batch_with_config(
                 exporter.clone(),
-            )))
+                BatchConfigBuilder::default()
+                    .with_scheduled_delay(Duration::from_millis(20))
+                    .build(),
+            ))
             .build();
         let logs = Arc::new(Mutex::new(Vec::new()));
         tracing_subscriber::registry()
@@ -56,7 +60,7 @@ fn telemetry() -> &'static Telemetry {
         Telemetry {
             exporter,
             logs,
-            _provider: provider,
+            provider,
         }
     })
 }
@@ -319,6 +323,22 @@ async fn a_long_blocking_poll_is_reported_once_on_its_span_and_in_the_log() {
     };
     assert!(duration_ns >= 50_000_000, "{event:?}");
     assert_eq!(field("off_cpu").as_str(), "true", "{event:?}");
+    // The top frames sampled inside the poll, leaf first: the blocking call, under
+    // the handler that made it.
+    let stack: Vec<String> = match field("stack") {
+        opentelemetry::Value::Array(opentelemetry::Array::String(frames)) => {
+            frames.iter().map(|f| f.to_string()).collect()
+        }
+        other => panic!("stack = {other:?}"),
+    };
+    let handler = stack
+        .iter()
+        .position(|f| f.starts_with("offcpu::block_50"))
+        .unwrap_or_else(|| panic!("no frame of the handler in {stack:#?}"));
+    assert!(
+        stack[..handler].iter().any(|f| f.contains("sleep")),
+        "the blocking call is not above the handler in {stack:#?}"
+    );
     assert_eq!(attr_i64(&s, "spanprof.long_polls"), 1);
     // The warning waits for the poll's wall-clock samples, and names where it blocked:
     // the handler's own code under the sleep.
@@ -346,6 +366,7 @@ async fn a_service_without_long_polls_logs_nothing() {
         let (status, _) = http_get(&format!("{base}/quick"), &[]).await;
         assert_eq!(status, 200);
     }
+    telemetry().provider.force_flush().expect("flush the spans");
     let spans = telemetry().exporter.get_finished_spans().unwrap();
     assert!(spans.iter().any(|s| s.name == "GET /quick"));
     for s in spans.iter().filter(|s| s.name == "GET /quick") {
