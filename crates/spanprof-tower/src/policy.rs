@@ -5,10 +5,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use serde::Deserialize;
-use spanprof_core::Hotness;
 /// The configuration error of every spanprof crate: re-exported where the layer's
 /// builder returns it.
 pub use spanprof_core::{ConfigError, ProfileScope};
+use spanprof_core::{Hotness, SpanLabelsBuilder};
 
 /// Default share of traces whose requests are profiled at the high rate.
 pub const DEFAULT_SAMPLE_RATE: f64 = 0.05;
@@ -125,6 +125,17 @@ impl RoutePolicy {
     /// The decision for a request: hot (`Sampled`) if the trace is sampled and the
     /// route's rate picks the trace id.
     #[inline]
+    /// `b` with this policy's slow threshold and high rate, where it sets them.
+    pub(crate) fn apply(&self, mut b: SpanLabelsBuilder) -> SpanLabelsBuilder {
+        if let Some(after) = self.slow_after {
+            b = b.slow_after(after);
+        }
+        if let Some(hz) = self.high_rate_hz {
+            b = b.high_rate_hz(hz);
+        }
+        b
+    }
+
     pub(crate) fn decide(&self, trace_id: u128, trace_sampled: bool) -> Hotness {
         if trace_sampled && rate_picks(trace_id, self.sample_rate) {
             Hotness::Sampled

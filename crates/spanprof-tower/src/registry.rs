@@ -336,6 +336,30 @@ pub(crate) fn track_at_start(hot: Hotness) -> bool {
     hot != Hotness::Cold || SETTINGS.every_span.load(Ordering::Relaxed)
 }
 
+/// Builds a span's labels with `build` and hands them to the registry as its figures
+/// need: tracked now (hot work, or every span), told to report their first sample
+/// (`build`'s argument: the builder's `report_first_sample`), or neither for a span
+/// whose trace is not sampled (`otel_sampled`: it has an OpenTelemetry span that will
+/// be exported). The one place labels are made for the figures, by the layer and by
+/// `SpanProfileLayer`.
+#[inline]
+pub(crate) fn labelled(
+    otel_sampled: bool,
+    hot: Hotness,
+    build: impl FnOnce(bool) -> SpanLabels,
+) -> SpanLabels {
+    // Spans no sample lands in need nothing more: the first sample has the core hand
+    // the span to the registry (`enable`); hot ones are tracked now (they are
+    // sampled at the high rate anyway).
+    let tracked = otel_sampled && enabled();
+    let at_start = tracked && track_at_start(hot);
+    let labels = build(tracked && !at_start);
+    if at_start {
+        track(&labels);
+    }
+    labels
+}
+
 /// Remembers `labels` under its span id until the span ends: in the first empty
 /// place of its bucket, or, every place held by other spans, in the place of the
 /// oldest of them, which is dropped and counted.

@@ -318,18 +318,19 @@ fn decide(id: &Id, name: &'static str) -> Option<SpanLabels> {
         Some((sid, sampled)) => (sid, true, sampled),
         None => (random_span_id(), false, false),
     };
-    let tracked = otel && sampled && registry::enabled();
-    let at_start = tracked && registry::track_at_start(parent.hotness());
     // Interned through the thread's own cache: no shared lock per span. Inner spans
     // are promoted by the signal handler, from the slow deadline they inherit.
-    let labels = parent.child_with(sid, NameId::intern_static(name), |b| {
-        b.anchor(if otel { sid } else { enclosing })
-            .report_first_sample(tracked && !at_start)
-    });
-    if at_start {
-        registry::track(&labels);
-    }
-    Some(labels)
+    let name = NameId::intern_static(name);
+    Some(registry::labelled(
+        otel && sampled,
+        parent.hotness(),
+        |report| {
+            parent.child_with(sid, name, |b| {
+                b.anchor(if otel { sid } else { enclosing })
+                    .report_first_sample(report)
+            })
+        },
+    ))
 }
 
 /// The labels and state of a root span (`SpanProfileLayer::profile_roots`) created
@@ -350,27 +351,18 @@ fn root(id: &Id, name: &'static str, policy: &RoutePolicy) -> SpanLabels {
         sampled,
     );
     let name = NameId::intern_static(name);
-    let mut b = SpanLabels::builder()
-        .trace_id(trace_id)
-        .span_id(sid)
-        .root_span_id(sid)
-        .span_name_id(name)
-        .route_id(name)
-        .hot(hot)
-        .anchor(sid);
-    if let Some(after) = policy.slow_after {
-        b = b.slow_after(after);
-    }
-    if let Some(hz) = policy.high_rate_hz {
-        b = b.high_rate_hz(hz);
-    }
-    let tracked = otel && sampled && registry::enabled();
-    let at_start = tracked && registry::track_at_start(hot);
-    let labels = b.report_first_sample(tracked && !at_start).build();
-    if at_start {
-        registry::track(&labels);
-    }
-    labels
+    registry::labelled(otel && sampled, hot, |report| {
+        let b = SpanLabels::builder()
+            .trace_id(trace_id)
+            .span_id(sid)
+            .root_span_id(sid)
+            .span_name_id(name)
+            .route_id(name)
+            .hot(hot)
+            .anchor(sid)
+            .report_first_sample(report);
+        policy.apply(b).build()
+    })
 }
 
 /// Whether an entered span's context can be read from OpenTelemetry's attached one.

@@ -395,31 +395,19 @@ impl Correlator {
             u128::from(trace.span_id)
         };
         let hot = policy.decide(decision_id, trace.sampled);
-        // Spans no sample lands in need nothing more: the first sample has the core
-        // hand the span to the registry (`registry::enable`); hot ones are tracked
-        // now (they are sampled at the high rate anyway).
-        let tracked = trace.otel_span && trace.sampled && registry::enabled();
-        let at_start = tracked && registry::track_at_start(hot);
-        let mut b = SpanLabels::builder()
-            .trace_id(trace.trace_id)
-            .span_id(trace.span_id)
-            .parent_span_id(trace.parent_span_id)
-            .root_span_id(trace.span_id)
-            .span_name_id(entry.span_name)
-            .route_id(entry.route)
-            .trace_flags(u8::from(trace.sampled))
-            .hot(hot)
-            .report_first_sample(tracked && !at_start);
-        if let Some(after) = policy.slow_after {
-            b = b.slow_after(after);
-        }
-        if let Some(hz) = policy.high_rate_hz {
-            b = b.high_rate_hz(hz);
-        }
-        let labels = b.build();
-        if at_start {
-            registry::track(&labels);
-        }
+        let labels = registry::labelled(trace.otel_span && trace.sampled, hot, |report| {
+            let b = SpanLabels::builder()
+                .trace_id(trace.trace_id)
+                .span_id(trace.span_id)
+                .parent_span_id(trace.parent_span_id)
+                .root_span_id(trace.span_id)
+                .span_name_id(entry.span_name)
+                .route_id(entry.route)
+                .trace_flags(u8::from(trace.sampled))
+                .hot(hot)
+                .report_first_sample(report);
+            policy.apply(b).build()
+        });
         // Work already hot needs no promotion.
         let slow_after = policy.slow_after.filter(|_| hot == Hotness::Cold);
         Some(RequestProfile {
