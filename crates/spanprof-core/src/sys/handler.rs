@@ -452,7 +452,32 @@ unsafe fn handle(info: *const SigInfoTimer, uctx: *mut libc::c_void) {
     let Some(weight_ns) = weight_ns else { return };
 
     // Recording: the stack and the labels into the ring, the counts onto the labels.
-    // SAFETY: `uctx` is the kernel's ucontext for this signal.
+    let labels = rec.map(|r| (r, ended, hot));
+    // SAFETY: the caller's guarantees, passed on.
+    if unsafe { record(ts, uctx, labels, weight_ns, time_ns, flags) } {
+        count_sample(ts, rec, ended, weight_ns);
+    }
+}
+
+/// Writes one sample into the thread's ring: the interrupted stack, the labels of
+/// `labels` (the record, whether it has ended: written as detached then, and its
+/// hotness), the weight, the time and `flags`. Wakes the drain thread when the ring
+/// is half full (the one system call here, once per half ring). Returns whether the
+/// sample was written (the ring had room).
+///
+/// # Safety
+/// Only from the signal handler, on the thread `ts` was made for, with the kernel's
+/// `uctx` for this signal.
+#[inline(always)]
+unsafe fn record(
+    ts: &ThreadSampler,
+    uctx: *mut libc::c_void,
+    labels: Option<(&LabelRecord, bool, u8)>,
+    weight_ns: u64,
+    time_ns: u64,
+    mut flags: u32,
+) -> bool {
+    // SAFETY: `uctx` is the kernel's ucontext for this signal (caller's guarantee).
     let regs = unsafe { unwind::regs(uctx) };
     let written = ts.ring.write(|s| {
         // SAFETY: `ts` is this thread's sampler and we run in its signal handler.
@@ -462,7 +487,7 @@ unsafe fn handle(info: *const SigInfoTimer, uctx: *mut libc::c_void) {
             flags |= FLAG_TRUNCATED;
             ts.truncated.fetch_add(1, Ordering::Relaxed);
         }
-        if let Some(r) = rec {
+        if let Some((r, ended, hot)) = labels {
             flags |= FLAG_LABELLED;
             if ended {
                 s.ids = LabelIds::detached(r.ids.route);
@@ -476,14 +501,14 @@ unsafe fn handle(info: *const SigInfoTimer, uctx: *mut libc::c_void) {
         s.flags = flags;
         s.outer_span = slot::outer_span();
     });
-    if let Some(waiting) = written {
-        count_sample(ts, rec, ended, weight_ns);
-        // Half full: wake the drain thread rather than wait for its interval (the
-        // one system call here, once per half ring).
-        if waiting == ts.ring.half() {
-            super::wake::request_drain();
-        }
+    let Some(waiting) = written else {
+        return false;
+    };
+    // Half full: wake the drain thread rather than wait for its interval.
+    if waiting == ts.ring.half() {
+        super::wake::request_drain();
     }
+    true
 }
 
 /// A wall-clock sample of a hot poll: the stack wherever the thread is, on CPU or
@@ -510,31 +535,20 @@ unsafe fn wall_sample(ts: &ThreadSampler, info: *const SigInfoTimer, uctx: *mut 
     // SAFETY: SI_TIMER: the timer member of the union is the live one.
     let overrun = unsafe { (*info).overrun }.max(0) as u64;
     let weight_ns = period.saturating_mul(1 + overrun);
-    // SAFETY: `uctx` is the kernel's ucontext for this signal.
-    let regs = unsafe { unwind::regs(uctx) };
-    let mut flags = FLAG_WALL | FLAG_LABELLED;
-    let written = ts.ring.write(|s| {
-        // SAFETY: `ts` is this thread's sampler and we run in its signal handler.
-        let (depth, truncated) = unsafe { unwind_stack(ts, &regs, &mut s.frames) };
-        s.depth = depth as u32;
-        if truncated {
-            flags |= FLAG_TRUNCATED;
-            ts.truncated.fetch_add(1, Ordering::Relaxed);
-        }
-        s.ids = rec.ids;
-        s.hot = hot;
-        s.weight_ns = weight_ns;
-        s.time_ns = time_ns;
-        s.flags = flags;
-        s.outer_span = slot::outer_span();
-    });
-    if let Some(waiting) = written {
+    // SAFETY: the caller's guarantees, passed on.
+    if unsafe {
+        record(
+            ts,
+            uctx,
+            Some((rec, false, hot)),
+            weight_ns,
+            time_ns,
+            FLAG_WALL,
+        )
+    } {
         ts.wall_samples.fetch_add(1, Ordering::Relaxed);
         for r in std::iter::once(rec).chain(rec.root.as_deref()) {
             mark_sampled(r);
-        }
-        if waiting == ts.ring.half() {
-            super::wake::request_drain();
         }
     }
 }
