@@ -152,6 +152,27 @@ impl SpanLabels {
         self.record.state.load(Ordering::Acquire) & ENDED != 0
     }
 
+    /// Records that this local root's work is over, for the latency classes of its
+    /// route (`span_latency` on its samples): its duration from the moment its
+    /// labels were built. The first call counts; the layers make it when a request
+    /// (or a `profile_roots` span) ends. Does nothing for an inner span's labels or
+    /// labels without a route.
+    pub fn record_latency(&self) {
+        use crate::sys::record::{LATENCY, SAMPLED};
+        let r = &self.record;
+        if r.root.is_some() || r.started == 0 || r.ids.route == NameId::NONE {
+            return;
+        }
+        let now = crate::clock::CLOCK.raw();
+        let flags = r.flags.fetch_or(LATENCY, Ordering::AcqRel);
+        if flags & LATENCY != 0 {
+            return;
+        }
+        let ns = crate::clock::CLOCK.delta_as_nanos(r.started, now);
+        let sampled = flags & SAMPLED != 0;
+        crate::latency::record(r.ids.route, r.ids.root_span_id, ns, sampled);
+    }
+
     /// Starts building labels.
     #[inline]
     pub fn builder() -> SpanLabelsBuilder {
@@ -482,6 +503,12 @@ impl SpanLabelsBuilder {
             owners: AtomicUsize::new(1),
             cpu_samples: AtomicU64::new(0),
             cpu_ns: AtomicU64::new(0),
+            // A local root's latency starts here (one TSC read; none for inner spans).
+            started: if self.root.is_none() {
+                crate::clock::CLOCK.raw()
+            } else {
+                0
+            },
             root: self.root,
             slow_deadline_ns: self.slow_deadline_ns,
             high_ns: self.high_ns,

@@ -13,6 +13,7 @@ mod future;
 mod hooks;
 mod intern;
 mod labels;
+mod latency;
 mod line;
 mod long_poll;
 mod offcpu;
@@ -47,6 +48,7 @@ pub use intern::{
     intern_stats, set_max_names,
 };
 pub use labels::{SpanLabels, SpanLabelsBuilder, current_labels, labels_active};
+pub use latency::{LatencyClass, RouteLatency, route_latency};
 #[cfg(feature = "otel-thread-ctx")]
 pub use otel_ctx::{ATTRIBUTE_KEYS, ProcessContext, SCHEMA_VERSION, set_process_context_resource};
 pub use poll::{DEFAULT_LONG_POLL, LabelGuard, PollStats, long_polls};
@@ -66,6 +68,8 @@ pub use service::env_service_name;
 // reach it, hidden from the docs. The facade, `spanprof`, is the documented API.
 #[doc(hidden)]
 pub use labels::current_span_id;
+#[doc(hidden)]
+pub use latency::class_of_root;
 #[doc(hidden)]
 pub use long_poll::{stack as long_poll_stack, stack_pending as long_poll_stack_pending};
 #[doc(hidden)]

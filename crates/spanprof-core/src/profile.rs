@@ -80,6 +80,10 @@ pub struct SampleLabels {
     pub route: Arc<str>,
     /// Why the work was profiled at the high rate when this sample was taken.
     pub hot: Hotness,
+    /// How long the request (local root) this sample belongs to took against its
+    /// route's recent requests, as windows export it ([`crate::ProfileWindow::take`]);
+    /// `None` in the store, and where the route has too few requests to tell.
+    pub latency: Option<crate::LatencyClass>,
 }
 
 impl SampleLabels {
@@ -467,6 +471,7 @@ impl crate::sys::record::LabelIds {
             span_name: crate::intern::resolve(self.span_name),
             route: crate::intern::resolve(self.route),
             hot,
+            latency: None,
         }
     }
 }

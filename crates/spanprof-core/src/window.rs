@@ -6,7 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::SystemTime;
 
+use std::cell::RefCell;
+
 use crate::cache::FastMap;
+use crate::latency::{Classifier, LatencyClass};
 use crate::profile::{Profile, ProfileSample, SampleLabels, Stack};
 
 /// Default bound on distinct (labels, stack) entries of one window interval.
@@ -23,6 +26,9 @@ struct Entry {
 struct Interval {
     start: SystemTime,
     entries: FastMap<(usize, usize), Entry>,
+    /// Samples of requests still running at the last take: exported at the next one,
+    /// with their request's latency class, or `open`.
+    held: Vec<Entry>,
 }
 
 pub(crate) struct WindowInner {
@@ -56,6 +62,7 @@ impl ProfileWindow {
             interval: Mutex::new(Interval {
                 start: SystemTime::now(),
                 entries: FastMap::default(),
+                held: Vec::new(),
             }),
             max_entries: max_entries.max(1),
             dropped: AtomicU64::new(0),
@@ -67,7 +74,25 @@ impl ProfileWindow {
 
     /// The samples since the window opened or since the last `take`, as a profile
     /// whose start and duration are those of the interval.
+    ///
+    /// Each sample of a request (a local root with a route) carries the request's
+    /// latency class ([`SampleLabels::latency`]): known once the request has ended.
+    /// Samples of a request still running are held back to the next `take`, once:
+    /// then they go with its class, or [`LatencyClass::Open`] if it is still running.
+    /// So a profile holds the samples of its interval, less those of requests still
+    /// running at its end, plus those held back from the interval before.
     pub fn take(&self) -> Profile {
+        self.take_with(false)
+    }
+
+    /// [`ProfileWindow::take`] with nothing held back: a request still running is
+    /// [`LatencyClass::Open`]. For the last profile of a window (a sink shutting
+    /// down, a one-off capture).
+    pub fn take_all(&self) -> Profile {
+        self.take_with(true)
+    }
+
+    fn take_with(&self, all: bool) -> Profile {
         let now = SystemTime::now();
         let mut g = self
             .inner
@@ -76,18 +101,37 @@ impl ProfileWindow {
             .unwrap_or_else(|e| e.into_inner());
         let start = std::mem::replace(&mut g.start, now);
         let entries = std::mem::take(&mut g.entries);
+        let held = std::mem::take(&mut g.held);
         drop(g);
-        Profile {
-            samples: entries
-                .into_values()
-                .map(|e| ProfileSample {
+        let classes = Classes::new();
+        let mut samples = Vec::with_capacity(entries.len() + held.len());
+        let mut hold = Vec::new();
+        for (e, last) in held
+            .into_iter()
+            .map(|e| (e, true))
+            .chain(entries.into_values().map(|e| (e, all)))
+        {
+            match classes.labels(&e.labels, last) {
+                Some(labels) => samples.push(ProfileSample {
                     stack: e.stack,
-                    labels: e.labels,
+                    labels,
                     count: e.count,
                     cpu_ns: e.cpu_ns,
                     wall_ns: e.wall_ns,
-                })
-                .collect(),
+                }),
+                None => hold.push(e),
+            }
+        }
+        if !hold.is_empty() {
+            let mut g = self
+                .inner
+                .interval
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            g.held.extend(hold);
+        }
+        Profile {
+            samples,
             start,
             duration_ns: now.duration_since(start).map_or(0, |d| d.as_nanos() as u64),
             period_ns: self.inner.period_ns,
@@ -97,6 +141,61 @@ impl ProfileWindow {
     /// New (labels, stack) pairs dropped because an interval was full.
     pub fn dropped(&self) -> u64 {
         self.inner.dropped.load(Ordering::Relaxed)
+    }
+}
+
+/// The labels of a take's samples with their request's latency class, each distinct
+/// labels classed once.
+struct Classes {
+    classifier: Classifier,
+    /// By labels (pointer): the classed labels, or `None` to hold back.
+    done: RefCell<FastMap<usize, Option<Option<Arc<SampleLabels>>>>>,
+}
+
+impl Classes {
+    fn new() -> Self {
+        Classes {
+            classifier: Classifier::new(),
+            done: RefCell::default(),
+        }
+    }
+
+    /// `labels` with their latency class; `None` to hold the sample back (its
+    /// request is running and this is not its `last` chance).
+    fn labels(
+        &self,
+        labels: &Option<Arc<SampleLabels>>,
+        last: bool,
+    ) -> Option<Option<Arc<SampleLabels>>> {
+        let Some(l) = labels else {
+            return Some(None);
+        };
+        let key = Arc::as_ptr(l) as usize;
+        if let Some(Some(done)) = self.done.borrow().get(&key) {
+            return Some(done.clone());
+        }
+        let class = if l.root_span_id == 0 || !self.classifier.knows_route(&l.route) {
+            // Not a request's (labels built by hand, a route that never ends one).
+            None
+        } else {
+            match self.classifier.class_of(l.root_span_id) {
+                Ok(class) => class,
+                Err(()) if last => Some(LatencyClass::Open),
+                Err(()) => {
+                    self.done.borrow_mut().insert(key, None);
+                    return None;
+                }
+            }
+        };
+        let out = Some(match class {
+            Some(class) => Arc::new(SampleLabels {
+                latency: Some(class),
+                ..SampleLabels::clone(l)
+            }),
+            None => l.clone(),
+        });
+        self.done.borrow_mut().insert(key, Some(out.clone()));
+        Some(out)
     }
 }
 
@@ -180,6 +279,7 @@ mod tests {
             span_name: Arc::from("span"),
             route: Arc::from("/r"),
             hot: Hotness::Cold,
+            latency: None,
         }))
     }
 
@@ -227,6 +327,54 @@ mod tests {
         // Room again after the take.
         inner.add(&None, &u, 1, false);
         assert_eq!(window.take().sample_count(), 1);
+    }
+
+    #[test]
+    fn samples_carry_their_requests_latency_class_and_wait_one_take_for_it() {
+        use crate::latency::{LatencyClass, MIN_REQUESTS};
+        let route = "GET /window_latency_test";
+        let id = crate::intern::NameId::intern(route);
+        // The route's recent requests: 1 ms each, and one of 50 ms (root 0xA).
+        for _ in 0..MIN_REQUESTS {
+            crate::latency::record(id, 0, 1_000_000, false);
+        }
+        crate::latency::record(id, 0xA, 50_000_000, true);
+        let of = |root: u64| {
+            Some(Arc::new(SampleLabels {
+                root_span_id: root,
+                route: Arc::from(route),
+                ..(*labels(root).unwrap()).clone()
+            }))
+        };
+        let class = |p: &Profile, root: u64| {
+            p.samples
+                .iter()
+                .find(|s| s.labels.as_ref().is_some_and(|l| l.root_span_id == root))
+                .map(|s| s.labels.as_ref().unwrap().latency)
+        };
+        let (window, inner) = ProfileWindow::new(100, 1);
+        let inner = inner.upgrade().unwrap();
+        let (ended, running, unnamed) = (of(0xA), of(0xB), labels(0xC));
+        inner.add(&ended, &stack("slow_path"), 10, false);
+        inner.add(&running, &stack("f"), 10, false);
+        inner.add(&unnamed, &stack("g"), 10, false);
+        let first = window.take();
+        assert_eq!(class(&first, 0xA), Some(Some(LatencyClass::P99Plus)));
+        assert_eq!(class(&first, 0xB), None, "held back while its request runs");
+        assert_eq!(
+            class(&first, 0xC),
+            Some(None),
+            "no route with durations: no class"
+        );
+        // Still running at the next take: `open`.
+        let second = window.take();
+        assert_eq!(class(&second, 0xB), Some(Some(LatencyClass::Open)));
+        // The last take holds nothing back.
+        inner.add(&of(0xD), &stack("f"), 10, false);
+        assert_eq!(
+            class(&window.take_all(), 0xD),
+            Some(Some(LatencyClass::Open))
+        );
     }
 
     #[test]

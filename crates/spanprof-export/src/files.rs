@@ -134,7 +134,7 @@ impl PprofFileExporter {
                                 .0
                                 .stop
                         };
-                        let profile = source.next();
+                        let profile = source.next(stopped);
                         seq += 1;
                         let result = write_one(&cfg.dir, &profile, seq);
                         let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());

@@ -70,7 +70,7 @@ impl Exporter {
                         // source or the encoder costs this interval, not the sink.
                         let payload =
                             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                encode(&source.next())
+                                encode(&source.next(stopped))
                             }));
                         let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());
                         match payload {

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use prost::Message;
 use spanprof_core::pprof::{
-    LABEL_HOT, LABEL_ROUTE, LABEL_SPAN_ID, LABEL_SPAN_NAME, LABEL_TRACE_ID,
+    LABEL_HOT, LABEL_ROUTE, LABEL_SPAN_ID, LABEL_SPAN_LATENCY, LABEL_SPAN_NAME, LABEL_TRACE_ID,
 };
 use spanprof_core::{Profile, ProfileSample, SampleLabels};
 
@@ -62,14 +62,17 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
 /// as sample labels and turns every other sample label into a *series* label (its
 /// distributor's `pprofsplit`), and a tenant may have 5 000 series by default: so
 /// only labels with a bounded set of values go besides the two ids (`span_name` and
-/// `route` are templates; `hot` has three values). Per-request labels such as
-/// `root_span_id` stay in the pprof files and the `/debug` endpoint only.
-pub const PUSH_SAMPLE_LABELS: [&str; 5] = [
+/// `route` are templates; `hot` has three values, `span_latency` five, and only with
+/// [`PyroscopeConfig::latency_label`]). Per-request
+/// labels such as `root_span_id` stay in the pprof files and the `/debug` endpoint
+/// only.
+pub const PUSH_SAMPLE_LABELS: [&str; 6] = [
     LABEL_SPAN_ID,
     LABEL_TRACE_ID,
     LABEL_SPAN_NAME,
     LABEL_ROUTE,
     LABEL_HOT,
+    LABEL_SPAN_LATENCY,
 ];
 
 /// Credentials for the push.
@@ -126,6 +129,13 @@ pub struct PyroscopeConfig {
     /// roots: a private CA's. Read a file with [`crate::read_ca_certificates`], or
     /// set `PYROSCOPE_CA_CERT_FILE` for [`PyroscopeConfig::from_env`].
     pub ca_certificates_pem: Option<Vec<u8>>,
+    /// Whether samples carry their request's latency class, `span_latency`
+    /// (`p0-50` … `p99+`, `open`), so that Grafana can select a route's slow requests.
+    /// Pyroscope makes a series of every distinct set of sample labels: with it, each
+    /// (span name, route, hot) series splits into at most five, so it is off by
+    /// default (`false`); `PYROSCOPE_LATENCY_LABEL=true` turns it on. pprof files,
+    /// the profile endpoint and OTLP profiles always carry the class.
+    pub latency_label: bool,
 }
 
 impl std::fmt::Debug for PyroscopeConfig {
@@ -142,6 +152,7 @@ impl std::fmt::Debug for PyroscopeConfig {
                 "ca_certificates_pem",
                 &crate::http::pem_summary(&self.ca_certificates_pem),
             )
+            .field("latency_label", &self.latency_label)
             .finish()
     }
 }
@@ -170,6 +181,7 @@ impl PyroscopeConfig {
             interval: DEFAULT_INTERVAL,
             delivery: DeliveryConfig::default(),
             ca_certificates_pem: None,
+            latency_label: false,
         }
     }
 
@@ -210,6 +222,18 @@ impl PyroscopeConfig {
             (None, None) => {}
         }
         cfg.tenant_id = var("PYROSCOPE_TENANT_ID").filter(|s| !s.is_empty());
+        if let Some(v) = var("PYROSCOPE_LATENCY_LABEL").filter(|s| !s.is_empty()) {
+            cfg.latency_label = match v.to_ascii_lowercase().as_str() {
+                "true" | "1" | "yes" | "on" => true,
+                "false" | "0" | "no" | "off" => false,
+                _ => {
+                    return Err(ExportError::config(
+                        "PYROSCOPE_LATENCY_LABEL",
+                        format!("`{v}` is not true or false"),
+                    ));
+                }
+            };
+        }
         if let Some(path) = var("PYROSCOPE_CA_CERT_FILE").filter(|s| !s.is_empty()) {
             cfg.ca_certificates_pem = Some(crate::read_ca_certificates(
                 "PYROSCOPE_CA_CERT_FILE",
@@ -261,22 +285,22 @@ impl PyroscopeConfig {
 }
 
 /// The gzip'd pprof of one push's CPU profile: `profile`'s CPU samples with only the
-/// [`PUSH_SAMPLE_LABELS`].
-pub(crate) fn push_pprof(profile: &Profile) -> Vec<u8> {
-    push_gz(profile, false)
+/// [`PUSH_SAMPLE_LABELS`] (less `span_latency` without `latency`).
+pub(crate) fn push_pprof(profile: &Profile, latency: bool) -> Vec<u8> {
+    push_gz(profile, false, latency)
 }
 
 /// The gzip'd pprof of one push's wall-clock profile (`profile`'s wall-clock samples
 /// of hot polls, labelled as [`push_pprof`]'s), if it has any.
-pub(crate) fn push_pprof_wall(profile: &Profile) -> Option<Vec<u8>> {
+pub(crate) fn push_pprof_wall(profile: &Profile, latency: bool) -> Option<Vec<u8>> {
     profile
         .samples
         .iter()
         .any(|s| s.wall_ns > 0)
-        .then(|| push_gz(profile, true))
+        .then(|| push_gz(profile, true, latency))
 }
 
-fn push_gz(profile: &Profile, wall: bool) -> Vec<u8> {
+fn push_gz(profile: &Profile, wall: bool, latency: bool) -> Vec<u8> {
     // Leave the per-request ids out of the labels (and so out of the string table)…
     let mut bounded: HashMap<*const SampleLabels, Arc<SampleLabels>> = HashMap::new();
     let samples = profile
@@ -292,6 +316,7 @@ fn push_gz(profile: &Profile, wall: bool) -> Vec<u8> {
                         Arc::new(SampleLabels {
                             parent_span_id: 0,
                             root_span_id: 0,
+                            latency: l.latency.filter(|_| latency),
                             ..(**l).clone()
                         })
                     })
@@ -455,6 +480,7 @@ impl PyroscopeExporter {
             cfg.interval
         );
         let service = crate::SinkServiceName::new("pyroscope", "service_name", &cfg.service_name);
+        let latency = cfg.latency_label;
         let mut cfg = cfg;
         let exporter = Exporter::start(
             "pyroscope",
@@ -469,10 +495,10 @@ impl PyroscopeExporter {
                 if cfg.service_name != name {
                     cfg.service_name = name.into_owned();
                 }
-                let wall = push_pprof_wall(profile).map(|gz| (gz, new_profile_id()));
+                let wall = push_pprof_wall(profile, latency).map(|gz| (gz, new_profile_id()));
                 Some(push_series(
                     &cfg,
-                    push_pprof(profile),
+                    push_pprof(profile, latency),
                     new_profile_id(),
                     wall,
                 ))

@@ -190,12 +190,17 @@ where
     }
 
     fn on_close(&self, id: Id, ctx: Context<'_, S>) {
-        // Its labels end here (an overflowed entry goes with the span's extensions).
-        if ctx
-            .span(&id)
-            .is_some_and(|span| span.extensions().get::<InSpanMap>().is_some())
-        {
-            drop(span_map::remove(id.into_u64()));
+        // Its labels end here (an overflowed entry goes with the span's extensions),
+        // and a root's latency (`record_latency` does nothing for inner spans).
+        let Some(span) = ctx.span(&id) else { return };
+        let ext = span.extensions();
+        if ext.get::<InSpanMap>().is_some() {
+            drop(ext);
+            if let Some(labels) = span_map::remove(id.into_u64()) {
+                labels.record_latency();
+            }
+        } else if let Some(e) = ext.get::<Overflowed>() {
+            e.labels.record_latency();
         }
     }
 

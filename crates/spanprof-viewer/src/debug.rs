@@ -316,7 +316,7 @@ async fn window(profiler: Profiler, closing: Closing, seconds: u64) -> Response 
     off_runtime(move || {
         let _slot = slot;
         profiler.flush();
-        pprof(&window.take())
+        pprof(&window.take_all())
     })
     .await
 }

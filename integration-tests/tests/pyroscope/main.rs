@@ -385,11 +385,13 @@ fn push_requests(
     rt: &tokio::runtime::Runtime,
     first: u64,
     requests: u64,
+    latency_label: bool,
 ) -> (Vec<support::receiver::Received>, Vec<String>) {
     let receiver = rt.block_on(Receiver::start(vec![]));
     let mut cfg = PyroscopeConfig::new(receiver.url());
     cfg.service_name = "checkout".into();
     cfg.interval = Duration::from_millis(500);
+    cfg.latency_label = latency_label;
     let exporter = PyroscopeExporter::start(cfg, ProfileSource::profiler(profiler)).unwrap();
     let roots = std::thread::spawn(move || {
         spanprof::register_current_thread();
@@ -409,6 +411,8 @@ fn push_requests(
                 burn_under(&root, Duration::from_millis(8));
                 let inner = root.child(0x5_0000 + 2 * i + 1, "calculate_total");
                 burn_under(&inner, Duration::from_millis(8));
+                // The request is over: its samples get its latency class.
+                root.record_latency();
                 root.span_id_hex()
             })
             .collect::<Vec<_>>()
@@ -434,7 +438,7 @@ fn series_do_not_grow_with_requests() {
     let mut ids = HashSet::new();
     let mut phases = Vec::new();
     for (first, requests) in [(0, 10), (1_000, 100)] {
-        let (got, roots) = push_requests(&profiler, &rt, first, requests);
+        let (got, roots) = push_requests(&profiler, &rt, first, requests, false);
         let mut series = BTreeSet::new();
         let mut span_ids = HashSet::new();
         for r in &got {
@@ -479,8 +483,52 @@ fn series_do_not_grow_with_requests() {
     for s in &many.1 {
         assert!(s.keys().all(|k| allowed.contains(&k.as_str())), "{s:?}");
     }
-    // Two span names times two hotness values, at most.
+    // Two span names times two hotness values, at most: the latency class the
+    // samples carry (`span_latency`) is left out by default.
     assert!(many.1.len() <= 4, "{:?}", many.1);
+}
+
+/// With `latency_label`, the push carries each sample's latency class, so Grafana can
+/// select a route's slow requests: each series splits by class, five ways at most,
+/// and no other way.
+#[test]
+fn the_latency_label_splits_each_series_by_class_only() {
+    let _serial = support::serial();
+    let profiler = Profiler::current_or_start().expect("profiler");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // Past the 100 requests a route needs for classes.
+    let (got, _) = push_requests(&profiler, &rt, 20_000, 150, true);
+    profiler.stop();
+    let series: BTreeSet<_> = got
+        .iter()
+        .flat_map(|r| pyroscope_series(&r.body))
+        .filter(|s| s.contains_key("span_name"))
+        .collect();
+    let classes: BTreeSet<&str> = series
+        .iter()
+        .filter_map(|s| s.get("span_latency").map(String::as_str))
+        .collect();
+    assert!(!classes.is_empty(), "no span_latency in {series:?}");
+    for c in &classes {
+        assert!(
+            ["p0-50", "p50-90", "p90-99", "p99+", "open"].contains(c),
+            "{c}"
+        );
+    }
+    let without: BTreeSet<_> = series
+        .iter()
+        .map(|s| {
+            let mut s = s.clone();
+            s.remove("span_latency");
+            s
+        })
+        .collect();
+    let allowed = ["__name__", "service_name", "span_name", "route", "hot"];
+    for s in &without {
+        assert!(s.keys().all(|k| allowed.contains(&k.as_str())), "{s:?}");
+    }
+    assert!(without.len() <= 4, "{without:?}");
+    assert!(series.len() <= 5 * without.len(), "{series:?}");
 }
 
 /// A synchronous call inside a hot poll: blocked, no CPU.

@@ -42,6 +42,10 @@ pub const LABEL_ROUTE: &str = "route";
 pub const LABEL_ROOT_SPAN_ID: &str = "root_span_id";
 /// Label key of the hotness (`sampled` or `slow`); present only for hot work.
 pub const LABEL_HOT: &str = "hot";
+/// Label key of the latency class of the request a sample belongs to
+/// ([`crate::LatencyClass`]: `p0-50`, `p50-90`, `p90-99`, `p99+`, `open`); present
+/// on samples of requests whose route has enough recent requests to tell.
+pub const LABEL_SPAN_LATENCY: &str = "span_latency";
 
 /// Encodes `profile` as uncompressed pprof protobuf bytes.
 pub fn encode(profile: &Profile) -> Vec<u8> {
@@ -344,7 +348,7 @@ impl Builder {
     }
 
     fn labels_for(&mut self, l: &SampleLabels) -> Vec<proto::Label> {
-        let mut out = Vec::with_capacity(6);
+        let mut out = Vec::with_capacity(7);
         let mut push = |b: &mut Self, key: &str, value: &str| {
             out.push(proto::Label {
                 key: b.string(key),
@@ -375,6 +379,9 @@ impl Builder {
         }
         if let Some(hot) = l.hot.as_str() {
             push(self, LABEL_HOT, hot);
+        }
+        if let Some(latency) = l.latency {
+            push(self, LABEL_SPAN_LATENCY, latency.as_str());
         }
         out
     }
@@ -419,6 +426,7 @@ mod tests {
             span_name: "checkout".into(),
             route: "POST /checkout".into(),
             hot: Hotness::Slow,
+            latency: Some(crate::LatencyClass::P99Plus),
         });
         let cold = Arc::new(SampleLabels {
             trace_id: 5,
@@ -428,6 +436,7 @@ mod tests {
             span_name: "poll".into(),
             route: "".into(),
             hot: Hotness::Cold,
+            latency: None,
         });
         let main = frame("app::main", Some("src/main.rs"), 10, 0x1000, false);
         let stack_a: Vec<Frame> = vec![
@@ -527,7 +536,8 @@ mod tests {
         assert_eq!(label(&pb, s0, "route").unwrap(), "POST /checkout");
         assert_eq!(label(&pb, s0, "root_span_id").unwrap(), "0000000000000001");
         assert_eq!(label(&pb, s0, "hot").unwrap(), "slow");
-        assert_eq!(s0.label.len(), 6);
+        assert_eq!(label(&pb, s0, "span_latency").unwrap(), "p99+");
+        assert_eq!(s0.label.len(), 7);
 
         // Empty route and cold work: no such labels.
         let s1 = &pb.sample[1];
@@ -538,6 +548,7 @@ mod tests {
         );
         assert_eq!(label(&pb, s1, "route"), None);
         assert_eq!(label(&pb, s1, "hot"), None);
+        assert_eq!(label(&pb, s1, "span_latency"), None);
         assert_eq!(s1.label.len(), 4);
 
         // Unlabelled sample.

@@ -181,6 +181,7 @@ impl SpanProfileStore {
                                 span_name: Arc::from(""),
                                 route: intern::resolve(route),
                                 hot: Hotness::Cold,
+                                latency: None,
                             })
                         })
                     })

@@ -141,6 +141,9 @@ pub(crate) struct LabelRecord {
     pub(crate) root: Option<RecordRef>,
     /// CLOCK_MONOTONIC time after which the work is promoted to `Slow` (0: never).
     pub(crate) slow_deadline_ns: u64,
+    /// When a local root's labels were built, in the poll clock's ticks (0 for an
+    /// inner span): its latency is measured from here.
+    pub(crate) started: u64,
     /// High sampling period for this work in ns (0: the profiler's).
     pub(crate) high_ns: u64,
     /// An integration's word kept with the labels (`spanprof-tower`: the span id
@@ -180,6 +183,8 @@ pub(crate) const SAMPLED: u8 = 1;
 pub(crate) const HANDLED: u8 = 2;
 /// [`LabelRecord::flags`]: hand the span to the first-sample hook.
 pub(crate) const REPORT: u8 = 4;
+/// [`LabelRecord::flags`]: the local root's latency has been recorded.
+pub(crate) const LATENCY: u8 = 8;
 
 /// The bit of [`LabelRecord::state`] set when the span has ended. From then on the
 /// signal handler writes samples of work still running under these labels as

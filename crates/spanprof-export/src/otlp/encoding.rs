@@ -8,6 +8,7 @@ use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfil
 use opentelemetry_proto::tonic::common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value};
 use opentelemetry_proto::tonic::profiles::v1development as pb;
 use opentelemetry_proto::tonic::resource::v1::Resource;
+use spanprof_core::pprof::LABEL_SPAN_LATENCY;
 use spanprof_core::{Frame, Profile, ProfileSample, SampleLabels, physical_frames};
 
 /// Interns values into a dictionary table whose index 0 is the zero value.
@@ -218,10 +219,15 @@ impl Dictionary {
         })
     }
 
-    /// The span name and route as sample attributes (when not empty).
+    /// The span name, route and latency class as sample attributes (when known).
     fn span_attributes(&mut self, l: &SampleLabels) -> Vec<i32> {
-        let mut out = Vec::with_capacity(2);
-        for (k, v) in [("span_name", &*l.span_name), ("route", &*l.route)] {
+        let mut out = Vec::with_capacity(3);
+        let latency = l.latency.map_or("", |c| c.as_str());
+        for (k, v) in [
+            ("span_name", &*l.span_name),
+            ("route", &*l.route),
+            (LABEL_SPAN_LATENCY, latency),
+        ] {
             if v.is_empty() {
                 continue;
             }

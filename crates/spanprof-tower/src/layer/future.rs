@@ -29,6 +29,7 @@ pin_project_lite::pin_project! {
                 let _labels = p.labels.enter();
                 this.inner.set(None);
                 p.publish();
+                p.labels.record_latency();
             }
         }
     }
@@ -97,6 +98,7 @@ pin_project_lite::pin_project! {
             if let Some(p) = this.profile.as_ref() {
                 // The request is over.
                 p.labels.withdraw_thread_context();
+                p.labels.record_latency();
                 let _labels = p.labels.enter();
                 this.inner.set(None);
                 p.publish();
@@ -144,6 +146,9 @@ impl<B: Body> Body for ProfiledBody<B> {
                     // around this poll), even in a task it spawned that is still
                     // inside its last poll.
                     p.labels.withdraw_thread_context();
+                    // Its latency ends here too: the server may drop the body only
+                    // at the connection's next request.
+                    p.labels.record_latency();
                 }
                 out
             }

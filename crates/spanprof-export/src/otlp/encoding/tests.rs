@@ -30,6 +30,7 @@ fn labels(span_id: u64, route: &str) -> Option<Arc<SampleLabels>> {
         span_name: "apply".into(),
         route: route.into(),
         hot: Hotness::Cold,
+        latency: None,
     }))
 }
 
@@ -95,9 +96,15 @@ fn string_attributes(d: &pb::ProfilesDictionary, s: &pb::Sample) -> Vec<(String,
 
 #[test]
 fn a_labelled_sample_resolves_to_its_frames_its_span_and_its_attributes() {
+    let slow = labels(0xabcd, "POST /checkout").map(|l| {
+        Arc::new(SampleLabels {
+            latency: Some(spanprof_core::LatencyClass::P99Plus),
+            ..(*l).clone()
+        })
+    });
     let req = round_trip(&profile(vec![ProfileSample {
         stack: deep_stack(),
-        labels: labels(0xabcd, "POST /checkout"),
+        labels: slow,
         count: 2,
         cpu_ns: 20_000_000,
         wall_ns: 0,
@@ -151,7 +158,8 @@ fn a_labelled_sample_resolves_to_its_frames_its_span_and_its_attributes() {
         string_attributes(d, s),
         [
             ("span_name".to_owned(), "apply".to_owned()),
-            ("route".to_owned(), "POST /checkout".to_owned())
+            ("route".to_owned(), "POST /checkout".to_owned()),
+            ("span_latency".to_owned(), "p99+".to_owned())
         ]
     );
 }
