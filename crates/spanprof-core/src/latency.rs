@@ -394,6 +394,18 @@ pub struct RouteLatency {
     pub buckets: Vec<(u64, u64)>,
 }
 
+impl RouteLatency {
+    /// Requests a route needs in the window before its samples are classed.
+    pub const MIN_REQUESTS: u64 = MIN_REQUESTS;
+    /// How far back a route's requests count.
+    pub const WINDOW: Duration = WINDOW;
+
+    /// Whether the route has enough requests for latency classes.
+    pub fn has_classes(&self) -> bool {
+        self.requests >= MIN_REQUESTS
+    }
+}
+
 /// `route`'s latency over the last [`WINDOW`] (empty when it has none).
 pub fn route_latency(route: &str) -> RouteLatency {
     let Some(id) = crate::intern::lookup(route) else {
@@ -406,10 +418,15 @@ pub fn route_latency(route: &str) -> RouteLatency {
     }
 }
 
-/// The class of the root span `root_span_id`'s samples, if it ended recently enough
-/// to be remembered and its route had [`MIN_REQUESTS`] requests in the window.
-pub fn class_of_root(root_span_id: u64) -> Option<LatencyClass> {
-    Classifier::new().class_of(root_span_id).ok().flatten()
+/// The class of each of these local roots' samples: from the root's duration when it
+/// ended, [`LatencyClass::Open`] when it has not (or ended too long ago to be
+/// remembered), `None` where its route has too few requests.
+pub fn classes_of_roots(roots: &[u64]) -> Vec<Option<LatencyClass>> {
+    let c = Classifier::new();
+    roots
+        .iter()
+        .map(|&r| c.class_of(r).unwrap_or(Some(LatencyClass::Open)))
+        .collect()
 }
 
 #[cfg(test)]

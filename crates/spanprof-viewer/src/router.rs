@@ -25,6 +25,8 @@ use crate::guard::{AllowedHosts, Mount, refuse_foreign};
 use crate::query::{FromQuery, NoQuery, Params, QueryError, Strict};
 use crate::spans::RecentSpans;
 
+mod latency;
+
 /// Where the viewer is mounted.
 pub const VIEWER_PATH: &str = "/debug/spanprof/";
 
@@ -100,6 +102,9 @@ impl Viewer {
     /// | `GET /debug/spanprof/api/spans/{span_id}/top?n=&by=self\|total` | top functions of a span and everything under it, its wall-clock time and its long polls' stack |
     /// | `GET /debug/spanprof/flamegraph/{span_id}?value=` | its flamegraph (SVG): `cpu` (the default) or `wall` (hot polls' wall-clock time, on and off CPU) |
     /// | `GET /debug/spanprof/diff/{span_id}?minutes=` | differential flamegraph against its route's recent profile |
+    /// | `GET /debug/spanprof/route?route=` | a route's latency page |
+    /// | `GET /debug/spanprof/api/routes/latency?route=&minutes=` | its latency histogram, its requests by latency class, and the functions its slow requests spend more CPU in |
+    /// | `GET /debug/spanprof/routes/flamegraph?route=&minutes=` | its slow requests' differential flamegraph against the rest |
     /// | `GET /debug/spanprof/profile?span_id=…` | pprof download (or `?trace_id=`, or `?seconds=`; `&type=cpu` allowed) |
     pub fn router(self) -> Router {
         self.router_at(None)
@@ -117,6 +122,12 @@ impl Viewer {
             .route("/debug/spanprof/api/spans/{span_id}/top", get(top))
             .route("/debug/spanprof/flamegraph/{span_id}", get(flamegraph))
             .route("/debug/spanprof/diff/{span_id}", get(diff))
+            .route("/debug/spanprof/route", get(latency::page))
+            .route("/debug/spanprof/api/routes/latency", get(latency::api))
+            .route(
+                "/debug/spanprof/routes/flamegraph",
+                get(latency::flamegraph),
+            )
             .with_state(self.clone());
         api.merge(crate::debug::router(self.profiler, self.closing))
             .route_layer(axum::middleware::from_fn_with_state(hosts, refuse_foreign))

@@ -103,6 +103,15 @@ async fn unknown_or_malformed_api_queries_are_refused() {
             "/debug/spanprof/diff/00000000deadbeef?minutes=-1",
             "\"minutes\"",
         ),
+        ("/debug/spanprof/api/routes/latency", "\"route\""),
+        (
+            "/debug/spanprof/api/routes/latency?route=%2Fx&window=5",
+            "\"window\"",
+        ),
+        (
+            "/debug/spanprof/routes/flamegraph?route=%2Fx&minutes=soon",
+            "\"minutes\"",
+        ),
     ] {
         let (answer, _) = ask(addr, target).await;
         assert_status(&answer, 400, target);
@@ -133,6 +142,12 @@ async fn known_queries_are_answered() {
             "/debug/spanprof/profile?span_id=00000000deadbeef&type=cpu",
             404,
         ),
+        ("/debug/spanprof/api/routes/latency?route=%2Fnone", 200),
+        (
+            "/debug/spanprof/routes/flamegraph?route=%2Fnone&minutes=5",
+            404,
+        ),
+        ("/debug/spanprof/route?route=%2Fnone", 200),
     ] {
         let (answer, _) = ask(addr, target).await;
         assert_status(&answer, status, target);
