@@ -159,17 +159,7 @@ fn cum_ns(top: &str, function: &str) -> u64 {
     let Some(row) = top.lines().find(|l| l.trim_end().ends_with(function)) else {
         return 0;
     };
-    let cum = row.split_whitespace().nth(3).expect("a cum column");
-    let (num, scale) = if let Some(n) = cum.strip_suffix("ms") {
-        (n, 1e6)
-    } else if let Some(n) = cum.strip_suffix("us") {
-        (n, 1e3)
-    } else if let Some(n) = cum.strip_suffix('s') {
-        (n, 1e9)
-    } else {
-        panic!("unit of {cum} in {row}")
-    };
-    (num.parse::<f64>().unwrap() * scale) as u64
+    support::duration_ns(row.split_whitespace().nth(3).expect("a cum column"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -158,7 +158,11 @@ pub fn total_ns(top: &str) -> u64 {
         .find(|l| l.contains("Total samples = "))
         .unwrap_or_else(|| panic!("no total in {top}"));
     let v = line.split("Total samples = ").nth(1).unwrap();
-    let v = v.split_whitespace().next().unwrap();
+    duration_ns(v.split_whitespace().next().unwrap())
+}
+
+/// A duration as `go tool pprof` prints it (`2.51s`, `950ms`, `40us`, `2mins`), in ns.
+pub fn duration_ns(v: &str) -> u64 {
     let (num, scale) = if let Some(n) = v.strip_suffix("ms") {
         (n, 1e6)
     } else if let Some(n) = v.strip_suffix("us") {
