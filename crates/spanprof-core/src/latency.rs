@@ -387,7 +387,7 @@ impl Classifier {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RouteLatency {
-    /// Requests in the last [`WINDOW`].
+    /// Requests in the last [`RouteLatency::WINDOW`].
     pub requests: u64,
     /// (lowest duration of the bucket in ns, requests in it), buckets of a quarter
     /// power of two of microseconds, from the fastest to the slowest that holds one.
@@ -406,7 +406,7 @@ impl RouteLatency {
     }
 }
 
-/// `route`'s latency over the last [`WINDOW`] (empty when it has none).
+/// `route`'s latency over the last [`RouteLatency::WINDOW`] (empty when it has none).
 pub fn route_latency(route: &str) -> RouteLatency {
     let Some(id) = crate::intern::lookup(route) else {
         return RouteLatency::default();

@@ -24,6 +24,8 @@ pub use spanprof_core::{
     Frame, FunctionCost, Profile, ProfileSample, SampleLabels, SpanCost, SpanProfileStore,
     SpanSummary, Stack, env_service_name, pprof, setup,
 };
+// How long each request took against its route's recent ones.
+pub use spanprof_core::{LatencyClass, RouteLatency, route_latency};
 
 /// Health counters and clocks: how much spanprof kept, dropped and evicted, and the
 /// CPU clocks its figures are read from. [`Profiler::sampler_stats`],
