@@ -317,6 +317,20 @@ fn environment_errors_name_the_variable() {
         "{e}"
     );
     assert!(PyroscopeConfig::from_lookup(|_| None).unwrap().is_none());
+    let latency = |v: &'static str| {
+        PyroscopeConfig::from_lookup(move |k| match k {
+            "PYROSCOPE_SERVER_ADDRESS" => Some("http://pyroscope:4040".into()),
+            "PYROSCOPE_LATENCY_LABEL" => Some(v.into()),
+            _ => None,
+        })
+    };
+    assert!(latency("true").unwrap().unwrap().latency_label);
+    assert!(!latency("off").unwrap().unwrap().latency_label);
+    let e = latency("maybe").unwrap_err();
+    assert!(
+        e.to_string().contains("PYROSCOPE_LATENCY_LABEL") && e.to_string().contains("maybe"),
+        "{e}"
+    );
 }
 
 /// The series Pyroscope's distributor makes of one push, by its rule
