@@ -543,6 +543,31 @@ mod tests {
     }
 
     #[test]
+    fn a_profile_root_records_its_latency_when_it_closes() {
+        // Its samples are classed against the durations of its name's spans.
+        let layer = super::SpanProfileLayer::new()
+            .profile_roots("latency_job_test", crate::RoutePolicy::new());
+        let subscriber = tracing_subscriber::registry().with(layer);
+        tracing::subscriber::with_default(subscriber, || {
+            for _ in 0..3 {
+                let span = tracing::info_span!("latency_job_test");
+                span.in_scope(|| std::thread::sleep(Duration::from_millis(2)));
+                // Entered again: one job, one duration, counted at the close.
+                span.in_scope(|| {});
+            }
+        });
+        let latency = spanprof_core::route_latency("latency_job_test");
+        assert_eq!(latency.requests, 3, "{latency:?}");
+        assert!(
+            latency
+                .buckets
+                .iter()
+                .all(|&(from_ns, n)| n == 0 || from_ns >= 1_000_000),
+            "{latency:?}"
+        );
+    }
+
+    #[test]
     fn a_span_first_entered_on_two_threads_at_once_is_decided_once() {
         // Both threads can find the span undecided; the second to record its decision
         // must not insert another (tracing-subscriber asserts an extension is new).
