@@ -223,12 +223,24 @@ struct Ended {
     order: VecDeque<u64>,
 }
 
+/// Sized for its bound at once: a request a sample lands in allocates nothing here.
 static ENDED: LazyLock<Mutex<Ended>> = LazyLock::new(|| {
+    let mut by_span = FastMap::default();
+    by_span.reserve(MAX_ENDED + 1);
     Mutex::new(Ended {
-        by_span: FastMap::default(),
-        order: VecDeque::new(),
+        by_span,
+        order: VecDeque::with_capacity(MAX_ENDED + 1),
     })
 });
+
+/// Allocates the shared tables now, on the thread that sets the service up (the
+/// layers call it when they are built), rather than in the first request a sample
+/// lands in.
+#[doc(hidden)]
+pub fn init() {
+    LazyLock::force(&ENDED);
+    LazyLock::force(&REGISTRY);
+}
 
 fn ended() -> std::sync::MutexGuard<'static, Ended> {
     ENDED.lock().unwrap_or_else(|e| e.into_inner())

@@ -69,7 +69,7 @@ pub use service::env_service_name;
 #[doc(hidden)]
 pub use labels::current_span_id;
 #[doc(hidden)]
-pub use latency::classes_of_roots;
+pub use latency::{classes_of_roots, init as init_latency};
 #[doc(hidden)]
 pub use long_poll::{stack as long_poll_stack, stack_pending as long_poll_stack_pending};
 #[doc(hidden)]

@@ -114,7 +114,7 @@ pub(crate) fn emit_ready(store: &SpanProfileStore, cutoff_ns: u64) {
             keep_stack(r.span_id, frames);
         }
         if r.warn {
-            let frame = heaviest.and_then(|s| s.iter().find(|f| is_own_code(f)));
+            let frame = heaviest.and_then(|s| s.iter().find(|f| f.is_own_code()));
             warn(&r, frame.map(describe).as_deref());
         }
     }
@@ -153,34 +153,8 @@ fn describe(f: &Frame) -> String {
 fn top_frame(profile: &Profile, off_cpu: bool) -> Option<String> {
     heaviest(profile, off_cpu)?
         .iter()
-        .find(|f| is_own_code(f))
+        .find(|f| f.is_own_code())
         .map(describe)
-}
-
-/// Whether `f` is the service's own code, as far as a frame tells: Rust source (C
-/// libraries such as glibc are not the service's), outside the standard library
-/// (its functions' paths begin with `std`, `core` or `alloc`; the symbolizer gives
-/// file names without their directory) and the cargo registries.
-fn is_own_code(f: &Frame) -> bool {
-    let Some(file) = f.file.as_deref() else {
-        return false;
-    };
-    // `<T as Trait>::method` is the code of `T`'s impl: a generic parameter's (no
-    // path: `<F as core::future::Future>::poll`) is the library's.
-    let function = f.function.trim_start_matches('<');
-    let own_type = function.split(" as ").next().unwrap_or_default();
-    let own_type = own_type
-        .trim_start_matches('&')
-        .trim_start_matches("mut ")
-        .trim_start_matches("dyn ");
-    let root = own_type.split("::").next().unwrap_or_default();
-    let generic = function.contains(" as ") && !own_type.contains("::");
-    let library = generic
-        || matches!(root, "std" | "core" | "alloc")
-        || file.starts_with("/rustc/")
-        || file.contains("/.cargo/registry/")
-        || file.contains("/.cargo/git/");
-    file.ends_with(".rs") && !library
 }
 
 /// Rate limit of the long-poll warning: the first, then at most one a minute, saying

@@ -29,6 +29,34 @@ pub struct Frame {
     pub inlined: bool,
 }
 
+impl Frame {
+    /// Whether this frame is the service's own code, as far as a frame tells: Rust
+    /// source (C libraries such as glibc are not the service's), outside the standard
+    /// library (its functions' paths begin with `std`, `core` or `alloc`) and the
+    /// cargo registries (when the file has its directory).
+    pub(crate) fn is_own_code(&self) -> bool {
+        let Some(file) = self.file.as_deref() else {
+            return false;
+        };
+        // `<T as Trait>::method` is the code of `T`'s impl: a generic parameter's (no
+        // path: `<F as core::future::Future>::poll`) is the library's.
+        let function = self.function.trim_start_matches('<');
+        let own_type = function.split(" as ").next().unwrap_or_default();
+        let own_type = own_type
+            .trim_start_matches('&')
+            .trim_start_matches("mut ")
+            .trim_start_matches("dyn ");
+        let root = own_type.split("::").next().unwrap_or_default();
+        let generic = function.contains(" as ") && !own_type.contains("::");
+        let library = generic
+            || matches!(root, "std" | "core" | "alloc")
+            || file.starts_with("/rustc/")
+            || file.contains("/.cargo/registry/")
+            || file.contains("/.cargo/git/");
+        file.ends_with(".rs") && !library
+    }
+}
+
 /// A symbolized call stack, leaf (innermost) frame first.
 pub type Stack = Arc<[Frame]>;
 

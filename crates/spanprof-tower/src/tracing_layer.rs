@@ -114,6 +114,7 @@ impl SpanProfileLayer {
         // in the first request's span.
         PollTimer::calibrate();
         span_map::init();
+        spanprof_core::init_latency();
         SpanProfileLayer { roots: Vec::new() }
     }
 

@@ -1,8 +1,10 @@
 // The viewer in headless Chromium (Debian's, driven by playwright-core), 1400 px wide:
 // open the viewer, pick the slowest POST /checkout trace, pick its checkout span, and
 // check the flamegraph shows the code that made it slow, that the slowest spans of a
-// name can be listed and opened, and that the lists stay inside their card (the trace
-// list's last column was once drawn past the card's edge). Saves a screenshot.
+// name can be listed and opened, that the lists stay inside their card (the trace
+// list's last column was once drawn past the card's edge), and that the route's
+// latency page draws its histogram and its slow requests' flamegraph (or says there
+// are too few requests). Saves a screenshot of each page.
 //
 // node viewer.mjs <viewer url> <screenshot.png>
 import { chromium } from 'playwright-core';
@@ -39,8 +41,8 @@ try {
   await page.fill('#route-filter', 'POST /checkout');
   // Wait for the filtered list itself, not a row of the unfiltered one.
   await page.waitForFunction(() => {
-    const roots = [...document.querySelectorAll('tr.trace-row td:first-child')];
-    return roots.length > 0 && roots.every((td) => td.textContent === 'POST /checkout');
+    const roots = [...document.querySelectorAll('tr.trace-row .root-name')];
+    return roots.length > 0 && roots.every((name) => name.textContent === 'POST /checkout');
   }, null, { timeout: 15000 });
   await page.locator('tr.trace-row').first().click();
   const span = page.locator('.span-row[data-name="POST /checkout"]').first();
@@ -61,10 +63,24 @@ try {
   await hit.click();
   await page.locator('.span-row.selected[data-name="POST /checkout"]').waitFor({ timeout: 15000 });
   failed ??= await traceListOverflow(page);
+  await page.screenshot({ path: shot, fullPage: true });
+  // The route's latency page, from the first trace's link.
+  await page.locator('tr.trace-row a.route-link').first().click();
+  await page.waitForFunction(() => /requests/.test(document.getElementById('title').textContent),
+    null, { timeout: 15000 });
+  if (await page.locator('#note').isHidden()) {
+    await page.locator('#hist div').first().waitFor({ timeout: 15000 });
+    await page.locator('#rank tbody tr').first().waitFor({ timeout: 15000 });
+    await page.frameLocator('#flame').locator('svg').first().waitFor({ timeout: 20000 });
+  } else if (!/too few requests/.test(await page.locator('#note').textContent())) {
+    failed ??= 'the route page has neither classes nor a note saying why: '
+      + await page.locator('#note').textContent();
+  }
+  await page.screenshot({ path: shot.replace(/\.png$/, '-route.png'), fullPage: true });
 } catch (e) {
   failed = String(e);
 } finally {
-  await page.screenshot({ path: shot, fullPage: true });
+  if (failed) await page.screenshot({ path: shot, fullPage: true });
   await browser.close();
 }
 if (failed) {

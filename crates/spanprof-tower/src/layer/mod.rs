@@ -286,6 +286,7 @@ impl ProfileCorrelationLayerBuilder {
         // quanta calibrates its clock on first use (milliseconds): here, not in the
         // first request.
         PollTimer::calibrate();
+        spanprof_core::init_latency();
         let keys = policies
             .routes
             .keys()

@@ -141,15 +141,65 @@ struct LatencyAnswer {
     slow_cpu_ns: u64,
     rest_cpu_ns: u64,
     /// Functions by how much larger their share of CPU (anywhere on the stack) is
-    /// among slow requests than among the rest, largest first.
+    /// among slow requests than among the rest, largest first; the runtime's, the
+    /// server stack's and the standard library's left out.
     slow_vs_rest: Vec<Ranked>,
 }
 
-/// Each function's share of `p`'s CPU, anywhere on the stack.
+/// The crates of the runtime, the server stack and the standard library: their
+/// functions are on every request's stack, or differ with how a request was run
+/// (inline or on a blocking pool) rather than with what it did, so the ranking leaves
+/// them out (the flamegraph keeps them).
+const RUNTIME_CRATES: &[&str] = &[
+    "std",
+    "core",
+    "alloc",
+    "tokio",
+    "futures",
+    "futures_util",
+    "futures_core",
+    "futures_executor",
+    "tower",
+    "tower_http",
+    "tower_layer",
+    "tower_service",
+    "hyper",
+    "hyper_util",
+    "h2",
+    "axum",
+    "axum_core",
+    "tonic",
+    "tracing",
+    "tracing_core",
+    "tracing_subscriber",
+    "tracing_opentelemetry",
+    "spanprof",
+    "spanprof_core",
+    "spanprof_tower",
+    "pin_project_lite",
+];
+
+/// Whether `function` belongs to [`RUNTIME_CRATES`], or is a trait method of a
+/// generic parameter (`<F as Future>::poll`).
+fn is_runtime(function: &str) -> bool {
+    let f = function.trim_start_matches('<');
+    let own_type = f.split(" as ").next().unwrap_or_default();
+    let root = own_type
+        .trim_start_matches('&')
+        .trim_start_matches("mut ")
+        .trim_start_matches("dyn ")
+        .split("::")
+        .next()
+        .unwrap_or_default();
+    RUNTIME_CRATES.contains(&root) || (f.contains(" as ") && !own_type.contains("::"))
+}
+
+/// Each function's share of `p`'s CPU, anywhere on the stack, the runtime's left out.
 fn shares(p: &Profile) -> HashMap<Arc<str>, f64> {
     let total = p.cpu_ns().max(1) as f64;
     p.top_functions_by_total(usize::MAX)
         .into_iter()
+        .filter(|f| !is_runtime(&f.function))
         .map(|f| (f.function, f.total_ns as f64 / total))
         .collect()
 }
@@ -253,4 +303,30 @@ async fn render(v: &Viewer, f: impl FnOnce(&Viewer) -> Response + Send + 'static
         f(&v)
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_runtime;
+
+    #[test]
+    fn the_ranking_leaves_out_the_runtime_and_keeps_the_services_code() {
+        for f in [
+            "tokio::loom::std::unsafe_cell::UnsafeCell<T>::with_mut",
+            "<core::slice::iter::Iter<T> as core::iter::traits::iterator::Iterator>::find",
+            "<F as core::future::future::Future>::poll",
+            "axum::serve::handle_connection::{{closure}}",
+            "<tracing::instrument::Instrumented<T> as core::future::future::Future>::poll",
+        ] {
+            assert!(is_runtime(f), "{f}");
+        }
+        for f in [
+            "checkout::shop::CartSerializer::to_json",
+            "<checkout::Cart as core::fmt::Display>::fmt",
+            "regex_automata::nfa::thompson::compiler::Compiler::c",
+            "latency::slow_path",
+        ] {
+            assert!(!is_runtime(f), "{f}");
+        }
+    }
 }
