@@ -387,10 +387,16 @@ impl Classifier {
         }
     }
 
-    /// Whether `route` (by name) has any durations at all: samples of routes that
-    /// never end a root here (labels built by hand) get no class.
-    pub(crate) fn knows_route(&self, route: &str) -> bool {
-        crate::intern::lookup(route).is_some_and(|id| self.dist.routes.contains_key(&id.0))
+    /// Whether `route` (by name) has the [`MIN_REQUESTS`] recent requests classes
+    /// need: samples of a route with fewer, or of one that never ends a root here
+    /// (labels built by hand), get no class, not even `open`.
+    pub(crate) fn has_classes(&self, route: &str) -> bool {
+        crate::intern::lookup(route).is_some_and(|id| {
+            self.dist
+                .routes
+                .get(&id.0)
+                .is_some_and(|c| c.iter().sum::<u64>() >= MIN_REQUESTS)
+        })
     }
 }
 

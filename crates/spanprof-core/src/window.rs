@@ -174,8 +174,9 @@ impl Classes {
         if let Some(Some(done)) = self.done.borrow().get(&key) {
             return Some(done.clone());
         }
-        let class = if l.root_span_id == 0 || !self.classifier.knows_route(&l.route) {
-            // Not a request's (labels built by hand, a route that never ends one).
+        let class = if l.root_span_id == 0 || !self.classifier.has_classes(&l.route) {
+            // Not a request's (labels built by hand, a route that never ends one), or
+            // a route with too few requests to tell.
             None
         } else {
             match self.classifier.class_of(l.root_span_id) {
@@ -375,6 +376,16 @@ mod tests {
             class(&window.take_all(), 0xD),
             Some(Some(LatencyClass::Open))
         );
+        // A request of a route with too few requests: no class, running or not.
+        let rare = "GET /window_latency_rare";
+        crate::latency::record(crate::intern::NameId::intern(rare), 0, 1_000_000, false);
+        let running_rare = Some(Arc::new(SampleLabels {
+            root_span_id: 0xE,
+            route: Arc::from(rare),
+            ..(*labels(0xE).unwrap()).clone()
+        }));
+        inner.add(&running_rare, &stack("f"), 10, false);
+        assert_eq!(class(&window.take(), 0xE), Some(None));
     }
 
     #[test]
