@@ -72,15 +72,12 @@ pub fn stack(span_id: u64) -> Option<Arc<[String]>> {
         .map(|(_, s)| s.clone())
 }
 
-/// Whether a long poll of span `span_id` waits for its samples ([`stack`] has
+/// Whether a long poll of one of `span_ids` waits for its samples ([`stack`] has
 /// nothing for it yet; [`crate::Profiler::flush`] takes them in).
 #[doc(hidden)]
-pub fn stack_pending(span_id: u64) -> bool {
-    PENDING
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .any(|r| r.span_id == span_id)
+pub fn stack_pending(span_ids: &[u64]) -> bool {
+    let q = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+    !q.is_empty() && q.iter().any(|r| span_ids.contains(&r.span_id))
 }
 
 fn keep_stack(span_id: u64, frames: Arc<[String]>) {

@@ -327,9 +327,7 @@ impl<E: SpanExporter> SpanExporter for ProfileAttributes<E> {
         let ids: Vec<u64> = batch.iter().map(span_id).collect();
         // A long poll's stack is kept once its samples are in: on this thread (not a
         // request's), wait for them.
-        if ids
-            .iter()
-            .any(|&id| spanprof_core::long_poll_stack_pending(id))
+        if spanprof_core::long_poll_stack_pending(&ids)
             && let Some(profiler) = spanprof_core::Profiler::current()
         {
             profiler.flush();

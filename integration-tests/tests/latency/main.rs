@@ -124,6 +124,26 @@ async fn load(base: &str, path: &str, n: u64, slow: fn(u64) -> bool) {
     }
 }
 
+/// The profile endpoint's `seconds` capture (pprof bytes) taken while `work` runs.
+async fn captured(
+    viewer: SocketAddr,
+    seconds: u64,
+    work: impl std::future::Future<Output = ()>,
+) -> Bytes {
+    let capture = tokio::spawn(async move {
+        get_bytes(
+            &format!("http://{viewer}/debug/spanprof/profile?seconds={seconds}"),
+            &[],
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    work.await;
+    let (status, body) = capture.await.unwrap();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    body
+}
+
 /// The `span_latency` label of `sample`, if any.
 fn latency_of<'a>(p: &'a proto::Profile, s: &proto::Sample) -> Option<&'a str> {
     s.label
@@ -165,18 +185,7 @@ fn cum_ns(top: &str, function: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_slow_requests_of_a_route_hold_its_slow_path() {
     let (base, viewer) = serve().await;
-    // A capture over the whole load, from the profile endpoint.
-    let capture = tokio::spawn(async move {
-        get_bytes(
-            &format!("http://{viewer}/debug/spanprof/profile?seconds=8"),
-            &[],
-        )
-        .await
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    load(&base, "/work", 400, |i| i % 20 == 0).await;
-    let (status, body) = capture.await.unwrap();
-    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let body = captured(viewer, 8, load(&base, "/work", 400, |i| i % 20 == 0)).await;
 
     // Each sample of a request carries its class; the slow path's are in the slow
     // classes.
@@ -256,17 +265,7 @@ async fn the_slow_requests_of_a_route_hold_its_slow_path() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_route_with_too_few_requests_gets_no_class_and_says_so() {
     let (base, viewer) = serve().await;
-    let capture = tokio::spawn(async move {
-        get_bytes(
-            &format!("http://{viewer}/debug/spanprof/profile?seconds=3"),
-            &[],
-        )
-        .await
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    load(&base, "/rare", 6, |_| false).await;
-    let (status, body) = capture.await.unwrap();
-    assert_eq!(status, 200);
+    let body = captured(viewer, 3, load(&base, "/rare", 6, |_| false)).await;
     let p = spanprof::pprof::decode(&body).expect("a pprof profile");
     let route_of = |s: &proto::Sample| {
         s.label
