@@ -33,21 +33,36 @@ impl ThreadTimes {
     /// Now: the CPU clock (`CLOCK_THREAD_CPUTIME_ID`, about 0.25 µs) and the run
     /// delay from `/proc/thread-self/schedstat` (its second field: time spent
     /// runnable on a run queue, final for a running thread reading its own; about
-    /// 0.45 µs, through a file the thread keeps open). 0 where there is no such file.
+    /// 1 µs, through a file the thread keeps open). 0 where there is no such file.
+    ///
+    /// The run delay grows only while the thread is off CPU. When the thread's CPU
+    /// clock has advanced as far as the wall clock since its last read, it was on CPU
+    /// throughout and the run delay is the one read then: back-to-back hot polls of
+    /// one task read the file once, not twice a poll.
     pub(crate) fn now() -> ThreadTimes {
+        let cpu_ns = sys::thread_cpu_ns();
+        let wall_ns = sys::monotonic_now_ns();
+        let last = LAST_READ.get();
+        let on_cpu = last.wall_ns != 0 && {
+            let wall = wall_ns.saturating_sub(last.wall_ns);
+            let cpu = cpu_ns.saturating_sub(last.cpu_ns);
+            // The two clocks are read one after the other, and may drift apart by
+            // parts per million: off CPU for less than this is within their noise.
+            wall <= cpu + ON_CPU_SLACK_NS + wall / 1024
+        };
+        let run_delay_ns = if on_cpu {
+            last.run_delay_ns
+        } else {
+            read_run_delay()
+        };
+        LAST_READ.set(LastRead {
+            wall_ns,
+            cpu_ns,
+            run_delay_ns,
+        });
         ThreadTimes {
-            cpu_ns: sys::thread_cpu_time().as_nanos() as u64,
-            run_delay_ns: SCHEDSTAT.with(|f| {
-                use std::os::unix::fs::FileExt;
-                let Some(f) = f else { return 0 };
-                let mut buf = [0u8; 96];
-                let n = f.read_at(&mut buf, 0).unwrap_or(0);
-                std::str::from_utf8(&buf[..n])
-                    .ok()
-                    .and_then(|s| s.split_ascii_whitespace().nth(1))
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0)
-            }),
+            cpu_ns,
+            run_delay_ns,
         }
     }
 
@@ -62,6 +77,41 @@ impl ThreadTimes {
 thread_local! {
     /// This thread's `/proc/thread-self/schedstat`, opened at its first hot poll.
     static SCHEDSTAT: Option<std::fs::File> = std::fs::File::open("/proc/thread-self/schedstat").ok();
+    /// This thread's clocks and run delay at its last [`ThreadTimes::now`].
+    static LAST_READ: std::cell::Cell<LastRead> = const {
+        std::cell::Cell::new(LastRead { wall_ns: 0, cpu_ns: 0, run_delay_ns: 0 })
+    };
+    /// Reads of this thread's schedstat file so far.
+    static SCHEDSTAT_READS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// A thread's last [`ThreadTimes::now`]: the wall clock, its CPU clock and its run
+/// delay then.
+#[derive(Clone, Copy)]
+struct LastRead {
+    wall_ns: u64,
+    cpu_ns: u64,
+    run_delay_ns: u64,
+}
+
+/// Time off CPU below which a thread counts as having stayed on it between two reads
+/// of its clocks (the two `clock_gettime` calls apart; a preemption is milliseconds).
+const ON_CPU_SLACK_NS: u64 = 2_000;
+
+/// The calling thread's run delay, read from its schedstat file (0 without one).
+fn read_run_delay() -> u64 {
+    SCHEDSTAT_READS.with(|n| n.set(n.get() + 1));
+    SCHEDSTAT.with(|f| {
+        use std::os::unix::fs::FileExt;
+        let Some(f) = f else { return 0 };
+        let mut buf = [0u8; 96];
+        let n = f.read_at(&mut buf, 0).unwrap_or(0);
+        std::str::from_utf8(&buf[..n])
+            .ok()
+            .and_then(|s| s.split_ascii_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    })
 }
 
 /// The waker of a hot span's poll: records when the work was first woken after a
@@ -140,5 +190,50 @@ impl Wake for WakeStamp {
 
     fn wake_by_ref(self: &Arc<Self>) {
         self.stamp();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn reads() -> u64 {
+        SCHEDSTAT_READS.with(std::cell::Cell::get)
+    }
+
+    /// Burns about `us` microseconds of this thread's CPU.
+    fn burn(us: u64) {
+        let end = sys::thread_cpu_ns() + us * 1000;
+        let mut x = 0u64;
+        while sys::thread_cpu_ns() < end {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+        }
+    }
+
+    #[test]
+    fn reads_on_a_thread_that_stayed_on_cpu_reuse_its_run_delay() {
+        let _ = ThreadTimes::now();
+        let before = reads();
+        for _ in 0..20 {
+            burn(50);
+            let _ = ThreadTimes::now();
+        }
+        // 20 reads in about 1 ms of CPU: the OS may preempt the thread a few times,
+        // each time costing one read of the file more.
+        let n = reads() - before;
+        assert!(
+            n <= 5,
+            "{n} schedstat reads for 20 reads of the thread's times"
+        );
+    }
+
+    #[test]
+    fn a_thread_that_was_off_cpu_reads_its_run_delay_again() {
+        let _ = ThreadTimes::now();
+        let before = reads();
+        std::thread::sleep(Duration::from_millis(2));
+        let _ = ThreadTimes::now();
+        assert_eq!(reads() - before, 1);
     }
 }
