@@ -17,7 +17,8 @@
 //! perf event cost (`spanprof_core::testing::sample_floor::pause_resume_cost`, `--iterations`
 //! pairs per round, 200 000 by default), beside a thread CPU clock read and `getppid`.
 //! With `--unwind` it times one walk of a stack by each of the handler's unwinders
-//! (frame pointers; DWARF with a warm and with a cold cache).
+//! (frame pointers; DWARF with a warm and with a cold cache). With `--symbolize` it
+//! times the collector's naming of a new stack whose addresses are all cached.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -355,6 +356,11 @@ fn main() {
         let iterations =
             arg("--iterations").map_or(200_000, |s| s.parse().expect("--iterations N"));
         return unwind_run(rounds, iterations);
+    }
+    if spanprof_bench::flag("--symbolize") {
+        // Stacks 35 addresses deep, as the checkout example's DWARF stacks are.
+        let us = spanprof_core::testing::warm_stack_cost(300, 35, rounds.max(5));
+        return print_json(serde_json::json!({ "warm_stack_us": us }));
     }
     if spanprof_bench::flag("--pause-resume") {
         let iterations =

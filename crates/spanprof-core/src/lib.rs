@@ -117,6 +117,7 @@ pub fn current_tid() -> i32 {
 #[cfg(feature = "testing")]
 #[doc(hidden)]
 pub mod testing {
+    pub use crate::symbolize::warm_stack_cost;
     #[cfg(spanprof_sampler)]
     pub use crate::sys::HandlerAllocCounter;
     /// The machine's floor for one CPU sample (an empty `SIGPROF` handler re-armed by

@@ -192,7 +192,7 @@ impl AddressSymbolizer {
         for addrs in stacks {
             for (i, &a) in addrs.iter().enumerate() {
                 let l = lookup_addr(i, a);
-                if self.known(l).is_none() {
+                if !self.is_known(l) {
                     missing.push(l);
                 }
             }
@@ -206,16 +206,32 @@ impl AddressSymbolizer {
 
     /// The frames of a raw stack (leaf first). Return addresses (every frame but the
     /// first) are looked up at `addr - 1`, inside the call instruction.
+    ///
+    /// The frames are copied out of the cache by reference: a stack of cached
+    /// addresses touches each address's frames once, not its reference count too
+    /// (a cold line per address on a busy collector).
     pub(crate) fn stack(&mut self, addrs: &[u64]) -> Arc<[Frame]> {
-        let lookups: Vec<u64> = addrs
+        let mut missing: Vec<u64> = addrs
             .iter()
             .enumerate()
             .map(|(i, &a)| lookup_addr(i, a))
+            .filter(|&l| !self.is_known(l))
             .collect();
-        let resolved = self.resolve_missing(&lookups);
+        missing.sort_unstable();
+        missing.dedup();
+        // What this call symbolized, provisional names (not cached) among them.
+        let mut found = FastMap::default();
+        if !missing.is_empty() {
+            self.symbolize_into(&missing, &mut found);
+        }
         let mut out = Vec::with_capacity(addrs.len() + 4);
-        for (&a, l) in addrs.iter().zip(&lookups) {
-            if let Some(frames) = resolved.get(l) {
+        for (i, &a) in addrs.iter().enumerate() {
+            let l = lookup_addr(i, a);
+            let frames = match found.get(&l) {
+                Some(frames) => Some(frames),
+                None => self.cached(l),
+            };
+            if let Some(frames) = frames {
                 out.extend(frames.iter().map(|f| Frame {
                     address: a,
                     ..f.clone()
@@ -225,44 +241,23 @@ impl AddressSymbolizer {
         out.into()
     }
 
-    /// The frames of every address of `lookups`, symbolizing those not cached.
-    fn resolve_missing(&mut self, lookups: &[u64]) -> FastMap<u64, Arc<[Frame]>> {
-        let mut found: FastMap<u64, Arc<[Frame]>> =
-            FastMap::with_capacity_and_hasher(lookups.len(), Default::default());
-        let mut missing = Vec::new();
-        for &addr in lookups {
-            if found.contains_key(&addr) {
-                continue;
-            }
-            match self.known(addr) {
-                Some(frames) => {
-                    found.insert(addr, frames);
-                }
-                None => missing.push(addr),
-            }
-        }
-        missing.sort_unstable();
-        missing.dedup();
-        if !missing.is_empty() {
-            self.symbolize_into(&missing, &mut found);
-        }
-        found
+    /// Whether `addr` needs no symbolizing: cached, or a sentinel address.
+    fn is_known(&self, addr: u64) -> bool {
+        self.cache.peek(&addr).is_some() || matches!(addr, TRUNCATED_ADDR | OVERFLOW_ADDR)
     }
 
-    /// The frames of `addr` if they need no symbolizing: cached, or one of the
-    /// sentinel addresses (kept in the cache from then on).
-    fn known(&mut self, addr: u64) -> Option<Arc<[Frame]>> {
-        if let Some(frames) = self.cache.get(&addr) {
-            return Some(frames.clone());
+    /// The cached frames of `addr`, a sentinel address's made and cached now.
+    fn cached(&mut self, addr: u64) -> Option<&Arc<[Frame]>> {
+        if self.cache.peek(&addr).is_none() {
+            let name = match addr {
+                TRUNCATED_ADDR => "[truncated: stack deeper than the unwind limit]",
+                OVERFLOW_ADDR => "[dropped: stack table full]",
+                _ => return None,
+            };
+            let f = synthetic(&mut self.names, name, addr);
+            self.keep(addr, f);
         }
-        let name = match addr {
-            TRUNCATED_ADDR => "[truncated: stack deeper than the unwind limit]",
-            OVERFLOW_ADDR => "[dropped: stack table full]",
-            _ => return None,
-        };
-        let f = synthetic(&mut self.names, name, addr);
-        self.keep(addr, f.clone());
-        Some(f)
+        self.cache.get(&addr)
     }
 
     /// Symbolizes `missing` (sorted, distinct) with blazesym, caching each result;
@@ -399,6 +394,62 @@ fn clean(name: &str) -> String {
         }
     }
     name.to_owned()
+}
+
+/// What the collector pays to name a stack whose addresses are all known (a new
+/// stack of code seen before, the steady state): `stacks` stacks `depth` addresses
+/// deep in this crate's code, each with a leaf of its own, named once to fill the
+/// cache and then timed, each after the CPU caches were evicted. Returns µs per
+/// stack (the median of `rounds`). For
+/// `rate_sweep --symbolize`.
+#[cfg(feature = "testing")]
+pub fn warm_stack_cost(stacks: usize, depth: usize, rounds: usize) -> f64 {
+    let code = [
+        (warm_stack_cost as fn(usize, usize, usize) -> f64) as usize as u64,
+        (AddressSymbolizer::new as fn(usize) -> AddressSymbolizer) as usize as u64,
+        (clean as fn(&str) -> String) as usize as u64,
+        (lookup_addr as fn(usize, u64) -> u64) as usize as u64,
+    ];
+    let all: Vec<Vec<u64>> = (0..stacks)
+        .map(|s| {
+            (0..depth)
+                .map(|d| {
+                    let base = code[(s + d) % code.len()];
+                    // The leaf differs per stack; its callers repeat.
+                    let offset = if d == 0 {
+                        (s % 48) as u64
+                    } else {
+                        1 + d as u64
+                    };
+                    base + offset
+                })
+                .collect()
+        })
+        .collect();
+    let mut symbolizer = AddressSymbolizer::new(64 << 20);
+    for stack in &all {
+        std::hint::black_box(symbolizer.stack(stack));
+    }
+    // Between two batches the service's threads run on the collector's core: each
+    // stack is named with the caches evicted, as the collector meets them.
+    let mut evict = vec![0u8; 16 << 20];
+    let mut times: Vec<f64> = (0..rounds.max(1))
+        .map(|round| {
+            let mut spent = std::time::Duration::ZERO;
+            for stack in &all {
+                for b in evict.iter_mut().step_by(64) {
+                    *b = b.wrapping_add(round as u8);
+                }
+                std::hint::black_box(&evict);
+                let start = std::time::Instant::now();
+                std::hint::black_box(symbolizer.stack(stack));
+                spent += start.elapsed();
+            }
+            spent.as_secs_f64() * 1e6 / stacks.max(1) as f64
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
 }
 
 #[cfg(test)]
