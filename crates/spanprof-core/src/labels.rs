@@ -160,7 +160,12 @@ impl SpanLabels {
     pub fn record_latency(&self) {
         use crate::sys::record::{LATENCY, SAMPLED};
         let r = &self.record;
-        if r.root.is_some() || r.started == 0 || r.ids.route == NameId::NONE {
+        // Called at the body's end and again as it drops: the second call reads.
+        if r.root.is_some()
+            || r.started == 0
+            || r.ids.route == NameId::NONE
+            || r.flags.load(Ordering::Relaxed) & LATENCY != 0
+        {
             return;
         }
         let now = crate::clock::CLOCK.raw();
