@@ -223,6 +223,7 @@ impl AddressSymbolizer {
         let mut found = FastMap::default();
         if !missing.is_empty() {
             self.symbolize_into(&missing, &mut found);
+            self.keep_known_frames(addrs, &mut found);
         }
         let mut out = Vec::with_capacity(addrs.len() + 4);
         for (i, &a) in addrs.iter().enumerate() {
@@ -239,6 +240,31 @@ impl AddressSymbolizer {
             }
         }
         out.into()
+    }
+
+    /// Naming a stack's new addresses can turn the cache over and evict its known
+    /// ones (a cache smaller than the stacks it sees): those are named again, and
+    /// every address's frames held in `found` for this stack.
+    fn keep_known_frames(&mut self, addrs: &[u64], found: &mut FastMap<u64, Arc<[Frame]>>) {
+        let lookups = || addrs.iter().enumerate().map(|(i, &a)| lookup_addr(i, a));
+        let mut lost: Vec<u64> = lookups()
+            .filter(|l| !found.contains_key(l) && !self.is_known(*l))
+            .collect();
+        if lost.is_empty() {
+            return;
+        }
+        lost.sort_unstable();
+        lost.dedup();
+        for l in lookups() {
+            if !found.contains_key(&l)
+                && let Some(frames) = self.cached(l)
+            {
+                found.insert(l, frames.clone());
+            }
+        }
+        let mut again = FastMap::default();
+        self.symbolize_into(&lost, &mut again);
+        found.extend(again);
     }
 
     /// Whether `addr` needs no symbolizing: cached, or a sentinel address.
@@ -611,5 +637,26 @@ mod tests {
         }
         let st = s.stats();
         assert!(st.evicted > 0, "{st:?}");
+    }
+
+    #[test]
+    fn a_stack_keeps_its_known_frames_when_naming_its_new_ones_turns_the_cache_over() {
+        let (lo, hi) = executable_text().expect("this test binary's code");
+        let addrs: Vec<u64> = (lo..hi).step_by(64).take(3_000).collect();
+        let mut s = AddressSymbolizer::new(64 << 10);
+        let known = &addrs[..20];
+        assert!(s.stack(known).len() >= known.len());
+        // The known addresses first, then enough new ones to fill the cache twice
+        // over while they are named.
+        let stack: Vec<u64> = known.iter().chain(&addrs[20..]).copied().collect();
+        let frames = s.stack(&stack);
+        for (i, &a) in stack.iter().enumerate() {
+            assert!(
+                frames.iter().any(|f| f.address == a),
+                "no frame for address {i} of {} ({a:#x}); {:?}",
+                stack.len(),
+                s.stats()
+            );
+        }
     }
 }
