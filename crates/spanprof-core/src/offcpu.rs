@@ -30,27 +30,20 @@ pub(crate) struct ThreadTimes {
 }
 
 impl ThreadTimes {
-    /// Now: the CPU clock (`CLOCK_THREAD_CPUTIME_ID`, about 0.25 µs) and the run
+    /// Now: the CPU clock (`CLOCK_THREAD_CPUTIME_ID`, about 0.2 µs) and the run
     /// delay from `/proc/thread-self/schedstat` (its second field: time spent
     /// runnable on a run queue, final for a running thread reading its own; about
     /// 1 µs, through a file the thread keeps open). 0 where there is no such file.
     ///
     /// The run delay grows only while the thread is off CPU. When the thread's CPU
-    /// clock has advanced as far as the wall clock since its last read, it was on CPU
-    /// throughout and the run delay is the one read then: back-to-back hot polls of
-    /// one task read the file once, not twice a poll.
+    /// clock has advanced as far as the wall clock since its last read, less than a
+    /// millisecond ago, it was on CPU throughout and the run delay is the one read
+    /// then: back-to-back hot polls of one task read the file once, not twice a poll.
     pub(crate) fn now() -> ThreadTimes {
         let cpu_ns = sys::thread_cpu_ns();
         let wall_ns = sys::monotonic_now_ns();
         let last = LAST_READ.get();
-        let on_cpu = last.wall_ns != 0 && {
-            let wall = wall_ns.saturating_sub(last.wall_ns);
-            let cpu = cpu_ns.saturating_sub(last.cpu_ns);
-            // The two clocks are read one after the other, and may drift apart by
-            // parts per million: off CPU for less than this is within their noise.
-            wall <= cpu + ON_CPU_SLACK_NS + wall / 1024
-        };
-        let run_delay_ns = if on_cpu {
+        let run_delay_ns = if last.still_holds(wall_ns, cpu_ns) {
             last.run_delay_ns
         } else {
             read_run_delay()
@@ -94,9 +87,31 @@ struct LastRead {
     run_delay_ns: u64,
 }
 
+impl LastRead {
+    /// Whether the run delay read then still holds at `wall_ns`, `cpu_ns`: read less
+    /// than [`REUSE_WITHIN_NS`] ago, and the thread on CPU since (its CPU clock kept
+    /// pace with the wall clock).
+    fn still_holds(self, wall_ns: u64, cpu_ns: u64) -> bool {
+        if self.wall_ns == 0 {
+            return false;
+        }
+        let wall = wall_ns.saturating_sub(self.wall_ns);
+        let cpu = cpu_ns.saturating_sub(self.cpu_ns);
+        // The two clocks are read one after the other: off CPU for less than the
+        // slack is within their noise. Only a recent read is reused, so the slack
+        // bounds what a reuse can miss.
+        wall <= REUSE_WITHIN_NS && wall <= cpu + ON_CPU_SLACK_NS
+    }
+}
+
 /// Time off CPU below which a thread counts as having stayed on it between two reads
 /// of its clocks (the two `clock_gettime` calls apart; a preemption is milliseconds).
 const ON_CPU_SLACK_NS: u64 = 2_000;
+
+/// The run delay read last is reused only this soon after: back-to-back polls of one
+/// task reuse it; a poll after other work, or a long one, reads the file (1 µs
+/// against what the poll took).
+const REUSE_WITHIN_NS: u64 = 1_000_000;
 
 /// The calling thread's run delay, read from its schedstat file (0 without one).
 fn read_run_delay() -> u64 {
@@ -225,6 +240,34 @@ mod tests {
         assert!(
             n <= 5,
             "{n} schedstat reads for 20 reads of the thread's times"
+        );
+    }
+
+    #[test]
+    fn the_last_run_delay_holds_only_soon_after_and_with_the_thread_on_cpu() {
+        let last = LastRead {
+            wall_ns: 1_000_000_000,
+            cpu_ns: 5_000_000,
+            run_delay_ns: 7,
+        };
+        let at = |wall_us: u64, cpu_us: u64| {
+            last.still_holds(last.wall_ns + wall_us * 1000, last.cpu_ns + cpu_us * 1000)
+        };
+        assert!(at(100, 100));
+        assert!(at(100, 99));
+        // Off CPU for 50 µs: the run delay may have grown.
+        assert!(!at(100, 50));
+        // On CPU throughout, but long after the read.
+        assert!(!at(1_500, 1_500));
+        assert!(!at(60_000_000, 60_000_000));
+        // Nothing read yet.
+        assert!(
+            !LastRead {
+                wall_ns: 0,
+                cpu_ns: 0,
+                run_delay_ns: 0
+            }
+            .still_holds(1, 1)
         );
     }
 

@@ -209,17 +209,19 @@ impl AddressSymbolizer {
     ///
     /// The frames are copied out of the cache by reference: a stack of cached
     /// addresses touches each address's frames once, not its reference count too
-    /// (a cold line per address on a busy collector).
+    /// (a cold line per address on a busy collector). The cache is only read while
+    /// the stack is built, and its addresses are marked used after: marking one
+    /// can turn the cache over, which would drop others of the stack before they
+    /// were read.
     pub(crate) fn stack(&mut self, addrs: &[u64]) -> Arc<[Frame]> {
-        let mut missing: Vec<u64> = addrs
-            .iter()
-            .enumerate()
-            .map(|(i, &a)| lookup_addr(i, a))
-            .filter(|&l| !self.is_known(l))
-            .collect();
+        let lookups = || addrs.iter().enumerate().map(|(i, &a)| lookup_addr(i, a));
+        for l in lookups() {
+            self.keep_sentinel(l);
+        }
+        let mut missing: Vec<u64> = lookups().filter(|l| self.cache.peek(l).is_none()).collect();
         missing.sort_unstable();
         missing.dedup();
-        // What this call symbolized, provisional names (not cached) among them.
+        // What this call named, provisional names (not cached) among them.
         let mut found = FastMap::default();
         if !missing.is_empty() {
             self.symbolize_into(&missing, &mut found);
@@ -228,27 +230,26 @@ impl AddressSymbolizer {
         let mut out = Vec::with_capacity(addrs.len() + 4);
         for (i, &a) in addrs.iter().enumerate() {
             let l = lookup_addr(i, a);
-            let frames = match found.get(&l) {
-                Some(frames) => Some(frames),
-                None => self.cached(l),
-            };
-            if let Some(frames) = frames {
+            if let Some(frames) = found.get(&l).or_else(|| self.cache.peek(&l)) {
                 out.extend(frames.iter().map(|f| Frame {
                     address: a,
                     ..f.clone()
                 }));
             }
         }
+        for l in lookups() {
+            let _ = self.cache.get(&l);
+        }
         out.into()
     }
 
     /// Naming a stack's new addresses can turn the cache over and evict its known
-    /// ones (a cache smaller than the stacks it sees): those are named again, and
-    /// every address's frames held in `found` for this stack.
+    /// ones (a cache smaller than the stacks it sees): then every address's frames
+    /// are held in `found` for this stack, and the evicted ones named again.
     fn keep_known_frames(&mut self, addrs: &[u64], found: &mut FastMap<u64, Arc<[Frame]>>) {
         let lookups = || addrs.iter().enumerate().map(|(i, &a)| lookup_addr(i, a));
         let mut lost: Vec<u64> = lookups()
-            .filter(|l| !found.contains_key(l) && !self.is_known(*l))
+            .filter(|l| !found.contains_key(l) && self.cache.peek(l).is_none())
             .collect();
         if lost.is_empty() {
             return;
@@ -257,13 +258,21 @@ impl AddressSymbolizer {
         lost.dedup();
         for l in lookups() {
             if !found.contains_key(&l)
-                && let Some(frames) = self.cached(l)
+                && let Some(frames) = self.cache.peek(&l)
             {
                 found.insert(l, frames.clone());
             }
         }
+        for &l in &lost {
+            if let Some(f) = self.sentinel(l) {
+                found.insert(l, f);
+            }
+        }
+        lost.retain(|l| !found.contains_key(l));
         let mut again = FastMap::default();
-        self.symbolize_into(&lost, &mut again);
+        if !lost.is_empty() {
+            self.symbolize_into(&lost, &mut again);
+        }
         found.extend(again);
     }
 
@@ -272,18 +281,24 @@ impl AddressSymbolizer {
         self.cache.peek(&addr).is_some() || matches!(addr, TRUNCATED_ADDR | OVERFLOW_ADDR)
     }
 
-    /// The cached frames of `addr`, a sentinel address's made and cached now.
-    fn cached(&mut self, addr: u64) -> Option<&Arc<[Frame]>> {
-        if self.cache.peek(&addr).is_none() {
-            let name = match addr {
-                TRUNCATED_ADDR => "[truncated: stack deeper than the unwind limit]",
-                OVERFLOW_ADDR => "[dropped: stack table full]",
-                _ => return None,
-            };
-            let f = synthetic(&mut self.names, name, addr);
+    /// The frames of a sentinel address (a truncated stack, a dropped one); `None`
+    /// for any other address.
+    fn sentinel(&mut self, addr: u64) -> Option<Arc<[Frame]>> {
+        let name = match addr {
+            TRUNCATED_ADDR => "[truncated: stack deeper than the unwind limit]",
+            OVERFLOW_ADDR => "[dropped: stack table full]",
+            _ => return None,
+        };
+        Some(synthetic(&mut self.names, name, addr))
+    }
+
+    /// Caches a sentinel address's frames at its first use.
+    fn keep_sentinel(&mut self, addr: u64) {
+        if self.cache.peek(&addr).is_none()
+            && let Some(f) = self.sentinel(addr)
+        {
             self.keep(addr, f);
         }
-        self.cache.get(&addr)
     }
 
     /// Symbolizes `missing` (sorted, distinct) with blazesym, caching each result;
@@ -424,7 +439,7 @@ fn clean(name: &str) -> String {
 
 /// What the collector pays to name a stack whose addresses are all known (a new
 /// stack of code seen before, the steady state): `stacks` stacks `depth` addresses
-/// deep in this crate's code, each with a leaf of its own, named once to fill the
+/// deep in this crate's code (48 leaves, callers shared), named once to fill the
 /// cache and then timed, each after the CPU caches were evicted. Returns µs per
 /// stack (the median of `rounds`). For
 /// `rate_sweep --symbolize`.
@@ -657,6 +672,32 @@ mod tests {
                 stack.len(),
                 s.stats()
             );
+        }
+    }
+
+    #[test]
+    fn a_stack_of_known_addresses_keeps_its_frames_while_the_cache_turns_over() {
+        let (lo, hi) = executable_text().expect("this test binary's code");
+        let addrs: Vec<u64> = (lo..hi).step_by(64).take(30_000).collect();
+        let mut s = AddressSymbolizer::new(64 << 10);
+        let known = &addrs[..30];
+        // More new addresses between namings of the same stack each time: at some
+        // point the cache turns over (the stack's addresses move to its older half)
+        // and then fills almost to the next turn, so that moving the stack's
+        // addresses up as it is named turns it over again.
+        let mut fresh = addrs[30..].iter();
+        for k in (150..450).step_by(3) {
+            for &a in fresh.by_ref().take(k) {
+                s.stack(&[a]);
+            }
+            let frames = s.stack(known);
+            for &a in known {
+                assert!(
+                    frames.iter().any(|f| f.address == a),
+                    "after {k} new addresses: no frame for {a:#x}; {:?}",
+                    s.stats()
+                );
+            }
         }
     }
 }
