@@ -214,31 +214,38 @@ impl AddressSymbolizer {
     /// can turn the cache over, which would drop others of the stack before they
     /// were read.
     pub(crate) fn stack(&mut self, addrs: &[u64]) -> Arc<[Frame]> {
-        let lookups = || addrs.iter().enumerate().map(|(i, &a)| lookup_addr(i, a));
-        for l in lookups() {
+        let lookups: Vec<u64> = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| lookup_addr(i, a))
+            .collect();
+        for &l in &lookups {
             self.keep_sentinel(l);
         }
-        let mut missing: Vec<u64> = lookups().filter(|l| self.cache.peek(l).is_none()).collect();
+        let mut missing: Vec<u64> = lookups
+            .iter()
+            .copied()
+            .filter(|l| self.cache.peek(l).is_none())
+            .collect();
         missing.sort_unstable();
         missing.dedup();
         // What this call named, provisional names (not cached) among them.
         let mut found = FastMap::default();
         if !missing.is_empty() {
             self.symbolize_into(&missing, &mut found);
-            self.keep_known_frames(addrs, &mut found);
+            self.keep_known_frames(&lookups, &mut found);
         }
         let mut out = Vec::with_capacity(addrs.len() + 4);
-        for (i, &a) in addrs.iter().enumerate() {
-            let l = lookup_addr(i, a);
-            if let Some(frames) = found.get(&l).or_else(|| self.cache.peek(&l)) {
+        for (&a, l) in addrs.iter().zip(&lookups) {
+            if let Some(frames) = found.get(l).or_else(|| self.cache.peek(l)) {
                 out.extend(frames.iter().map(|f| Frame {
                     address: a,
                     ..f.clone()
                 }));
             }
         }
-        for l in lookups() {
-            let _ = self.cache.get(&l);
+        for l in &lookups {
+            let _ = self.cache.get(l);
         }
         out.into()
     }
@@ -246,34 +253,31 @@ impl AddressSymbolizer {
     /// Naming a stack's new addresses can turn the cache over and evict its known
     /// ones (a cache smaller than the stacks it sees): then every address's frames
     /// are held in `found` for this stack, and the evicted ones named again.
-    fn keep_known_frames(&mut self, addrs: &[u64], found: &mut FastMap<u64, Arc<[Frame]>>) {
-        let lookups = || addrs.iter().enumerate().map(|(i, &a)| lookup_addr(i, a));
-        let mut lost: Vec<u64> = lookups()
-            .filter(|l| !found.contains_key(l) && self.cache.peek(l).is_none())
-            .collect();
-        if lost.is_empty() {
+    fn keep_known_frames(&mut self, lookups: &[u64], found: &mut FastMap<u64, Arc<[Frame]>>) {
+        // The common case, nothing evicted: no frames are taken into `found`.
+        if lookups
+            .iter()
+            .all(|l| found.contains_key(l) || self.cache.peek(l).is_some())
+        {
             return;
+        }
+        let mut lost = Vec::new();
+        for &l in lookups {
+            if found.contains_key(&l) {
+                continue;
+            }
+            match self.cache.peek(&l).cloned().or_else(|| self.sentinel(l)) {
+                Some(frames) => {
+                    found.insert(l, frames);
+                }
+                None => lost.push(l),
+            }
         }
         lost.sort_unstable();
         lost.dedup();
-        for l in lookups() {
-            if !found.contains_key(&l)
-                && let Some(frames) = self.cache.peek(&l)
-            {
-                found.insert(l, frames.clone());
-            }
-        }
-        for &l in &lost {
-            if let Some(f) = self.sentinel(l) {
-                found.insert(l, f);
-            }
-        }
-        lost.retain(|l| !found.contains_key(l));
-        let mut again = FastMap::default();
         if !lost.is_empty() {
-            self.symbolize_into(&lost, &mut again);
+            self.symbolize_into(&lost, found);
         }
-        found.extend(again);
     }
 
     /// Whether `addr` needs no symbolizing: cached, or a sentinel address.
@@ -665,11 +669,16 @@ mod tests {
         // over while they are named.
         let stack: Vec<u64> = known.iter().chain(&addrs[20..]).copied().collect();
         let frames = s.stack(&stack);
-        for (i, &a) in stack.iter().enumerate() {
+        assert_a_frame_each(&frames, &stack, &s, "one call");
+    }
+
+    /// Asserts that `frames` hold a frame of each of `addrs`.
+    fn assert_a_frame_each(frames: &[Frame], addrs: &[u64], s: &AddressSymbolizer, when: &str) {
+        for (i, &a) in addrs.iter().enumerate() {
             assert!(
                 frames.iter().any(|f| f.address == a),
-                "no frame for address {i} of {} ({a:#x}); {:?}",
-                stack.len(),
+                "{when}: no frame for address {i} of {} ({a:#x}); {:?}",
+                addrs.len(),
                 s.stats()
             );
         }
@@ -691,13 +700,7 @@ mod tests {
                 s.stack(&[a]);
             }
             let frames = s.stack(known);
-            for &a in known {
-                assert!(
-                    frames.iter().any(|f| f.address == a),
-                    "after {k} new addresses: no frame for {a:#x}; {:?}",
-                    s.stats()
-                );
-            }
+            assert_a_frame_each(&frames, known, &s, &format!("after {k} new addresses"));
         }
     }
 }
