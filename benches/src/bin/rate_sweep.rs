@@ -18,7 +18,10 @@
 //! pairs per round, 200 000 by default), beside a thread CPU clock read and `getppid`.
 //! With `--unwind` it times one walk of a stack by each of the handler's unwinders
 //! (frame pointers; DWARF with a warm and with a cold cache). With `--symbolize` it
-//! times the collector's naming of a new stack whose addresses are all cached.
+//! times the collector's naming of a new stack whose addresses are all cached. With
+//! `--pprof` it times the pprof encoding of a window as a push sees it (`--samples`
+//! distinct stacks 35 frames deep, named from 300 shared functions, each sample with
+//! labels of its own span): µs per sample.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -343,6 +346,78 @@ fn unwind_run(rounds: usize, iterations: u32) {
     print_json(serde_json::json!({ "rounds": rounds, "iterations": iterations, "stacks": rows }));
 }
 
+/// A window's profile as the collector hands it to a push: `samples` distinct stacks
+/// of 35 frames whose frames share their names (one `Arc<str>` per function, as the
+/// symbolizer's cache gives), each sample with its own span's labels.
+fn push_window(samples: usize) -> spanprof_core::Profile {
+    use spanprof_core::{Frame, Profile, ProfileSample, SampleLabels};
+    let functions: Vec<Frame> = (0..300u64)
+        .map(|i| Frame {
+            function: format!(
+                "<checkout::service::handlers::Handler{i} as tower_service::Service<http::Request<axum_core::body::Body>>>::call::{{{{closure}}}}"
+            )
+            .into(),
+            file: Some(format!("/src/checkout/src/service/handler_{}.rs", i % 40).into()),
+            line: 10 + (i as u32 % 200),
+            address: 0x40_0000 + i * 0x40,
+            inlined: i % 4 == 0,
+        })
+        .collect();
+    let span_name: Arc<str> = "checkout".into();
+    let route: Arc<str> = "POST /checkout".into();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let samples = (0..samples as u64)
+        .map(|n| {
+            let stack: Vec<Frame> = (0..35)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    functions[(x % 300) as usize].clone()
+                })
+                .collect();
+            ProfileSample {
+                stack: stack.into(),
+                labels: Some(Arc::new(SampleLabels {
+                    trace_id: u128::from(n) << 64 | 7,
+                    span_id: n + 1,
+                    parent_span_id: 0,
+                    root_span_id: n + 1,
+                    span_name: span_name.clone(),
+                    route: route.clone(),
+                    hot: Hotness::Sampled,
+                    latency: None,
+                })),
+                count: 1,
+                cpu_ns: 1_000_000,
+                wall_ns: 0,
+            }
+        })
+        .collect();
+    Profile {
+        samples,
+        start: std::time::SystemTime::now(),
+        duration_ns: 10_000_000_000,
+        period_ns: 10_101_010,
+    }
+}
+
+/// `--pprof`: the median over `rounds` of the µs per sample that encoding a push's
+/// window takes (the pprof message built and encoded, before compression).
+fn pprof_run(rounds: usize, samples: usize) {
+    let profile = push_window(samples);
+    let mut us = Vec::new();
+    let mut bytes = 0;
+    for _ in 0..rounds {
+        let t = spanprof::stats::thread_cpu_time();
+        bytes = std::hint::black_box(spanprof_core::pprof::encode(&profile)).len();
+        us.push((spanprof::stats::thread_cpu_time() - t).as_secs_f64() * 1e6 / samples as f64);
+    }
+    print_json(
+        serde_json::json!({ "samples": samples, "bytes": bytes, "us_per_sample": median(us) }),
+    );
+}
+
 fn main() {
     let secs: f64 = arg("--seconds").map_or(3.0, |s| s.parse().expect("--seconds S"));
     let rounds: usize = arg("--rounds").map_or(3, |s| s.parse().expect("--rounds N"));
@@ -361,6 +436,10 @@ fn main() {
         // Stacks 35 addresses deep, as the checkout example's DWARF stacks are.
         let us = spanprof_core::testing::warm_stack_cost(300, 35, rounds.max(5));
         return print_json(serde_json::json!({ "warm_stack_us": us }));
+    }
+    if spanprof_bench::flag("--pprof") {
+        let samples = arg("--samples").map_or(2_000, |s| s.parse().expect("--samples N"));
+        return pprof_run(rounds.max(5), samples);
     }
     if spanprof_bench::flag("--pause-resume") {
         let iterations =

@@ -21,11 +21,14 @@ pub const MODES: [&str; 5] = ["none", "stack", "baseline", "hot10", "pyroscope"]
 /// `baseline-twolayers` is `baseline` with `TraceLayer` and the correlation layer in
 /// two `Router::layer` calls instead of one `tower::ServiceBuilder` (axum boxes each
 /// route's service once per call: three allocations a request).
+/// `hot100` is `hot10` with every request hot: a hot request's own cost, ten times
+/// the share it has in `hot10`.
 /// `stack-again` is a second server identical to `stack`: an A/A control of the method.
 /// `labels-only` is `baseline` without spanprof's sampler (`Sampling::LabelsOnly`, no
 /// push): what a service profiled from outside pays (build with `--features
 /// otel-thread-ctx` to include OpenTelemetry's thread context).
-pub const ABLATIONS: [&str; 13] = [
+pub const ABLATIONS: [&str; 14] = [
+    "hot100",
     "labels-only",
     "baseline-sampling",
     "baseline-passthrough",

@@ -73,6 +73,7 @@ pub fn serve(mode: &str, sink: &str) {
         | "baseline-twolayers"
         | "labels-only" => 0.0,
         "hot10" => 0.1,
+        "hot100" => 1.0,
         other => panic!("unknown mode {other}"),
     };
     let correlate = !mode.starts_with("baseline-sampling") && mode != "baseline-passthrough";
