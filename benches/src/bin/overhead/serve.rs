@@ -170,6 +170,11 @@ pub fn serve(mode: &str, sink: &str) {
     // For diagnosis (the `overhead` parent does not read it): how many signals were
     // samples, and how many perf signals landed in cold work.
     eprintln!("{mode}: {:?}", profiler.sampler_stats());
+    let memory = profiler.memory_stats();
+    eprintln!(
+        "{mode}: symbol cache {:?}; stack cache {:?}",
+        memory.symbol_cache, memory.stack_cache
+    );
 }
 
 /// A server process and its control channel.
