@@ -235,14 +235,32 @@ impl AddressSymbolizer {
             self.symbolize_into(&missing, &mut found);
             self.keep_known_frames(&lookups, &mut found);
         }
+        let groups: Vec<(u64, &Arc<[Frame]>)> = addrs
+            .iter()
+            .zip(&lookups)
+            .filter_map(|(&a, l)| Some((a, found.get(l).or_else(|| self.cache.peek(l))?)))
+            .collect();
+        // Each frame's clone below is a locked increment of its names' reference
+        // counts, and a locked instruction waits for every load before it: one cache
+        // miss after another, a stack's worth. Reading the names' lines first, with
+        // plain loads, lets the misses overlap; the increments then find them cached.
+        let mut touched = 0u8;
+        for f in groups.iter().flat_map(|(_, frames)| frames.iter()) {
+            touched = touched
+                .wrapping_add(f.function.as_bytes().first().copied().unwrap_or(0))
+                .wrapping_add(
+                    f.file
+                        .as_deref()
+                        .map_or(0, |s| s.as_bytes().first().copied().unwrap_or(0)),
+                );
+        }
+        std::hint::black_box(touched);
         let mut out = Vec::with_capacity(addrs.len() + 4);
-        for (&a, l) in addrs.iter().zip(&lookups) {
-            if let Some(frames) = found.get(l).or_else(|| self.cache.peek(l)) {
-                out.extend(frames.iter().map(|f| Frame {
-                    address: a,
-                    ..f.clone()
-                }));
-            }
+        for (a, frames) in groups {
+            out.extend(frames.iter().map(|f| Frame {
+                address: a,
+                ..f.clone()
+            }));
         }
         for l in &lookups {
             let _ = self.cache.get(l);
@@ -443,18 +461,17 @@ fn clean(name: &str) -> String {
 
 /// What the collector pays to name a stack whose addresses are all known (a new
 /// stack of code seen before, the steady state): `stacks` stacks `depth` addresses
-/// deep in this crate's code (48 leaves, callers shared), named once to fill the
-/// cache and then timed, each after the CPU caches were evicted. Returns µs per
-/// stack (the median of `rounds`). For
+/// deep in this binary's code (64 places around this function, about 4 KiB apart, so
+/// that a stack's frames carry as many different names as a service's do; 48 leaves,
+/// callers shared), named once to fill the cache and then timed, each after the CPU
+/// caches were evicted. Returns µs per stack (the median of `rounds`). For
 /// `rate_sweep --symbolize`.
 #[cfg(feature = "testing")]
 pub fn warm_stack_cost(stacks: usize, depth: usize, rounds: usize) -> f64 {
-    let code = [
-        (warm_stack_cost as fn(usize, usize, usize) -> f64) as usize as u64,
-        (AddressSymbolizer::new as fn(usize) -> AddressSymbolizer) as usize as u64,
-        (clean as fn(&str) -> String) as usize as u64,
-        (lookup_addr as fn(usize, u64) -> u64) as usize as u64,
-    ];
+    let here = (warm_stack_cost as fn(usize, usize, usize) -> f64) as usize as u64;
+    let code: Vec<u64> = (0..64u64)
+        .map(|k| (here + k * 4093).saturating_sub(32 * 4093))
+        .collect();
     let all: Vec<Vec<u64>> = (0..stacks)
         .map(|s| {
             (0..depth)
