@@ -420,8 +420,11 @@ async fn a_hot_spans_time_blocked_in_a_poll_has_its_stack_in_the_wall_profile() 
         "Total samples = {}",
         row.split_whitespace().nth(3).unwrap()
     ));
+    // The rest of the poll (a few ms on a loaded machine that preempts the thread
+    // after its sleep, dropping the request there) takes a 10 ms sample now and then:
+    // all but one sample are the blocking call's.
     assert!(
-        cum_ns * 10 >= wall_ns * 9,
+        cum_ns + 10_000_000 >= wall_ns,
         "blocking_lookup holds {cum_ns} of {wall_ns} ns:\n{top}"
     );
     let flat = support::top_function(&support::go_pprof(&["-sample_index=wall", "-top", path]));
