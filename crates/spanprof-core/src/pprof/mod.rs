@@ -232,9 +232,16 @@ fn to_i64(v: u64) -> i64 {
 /// of the frames resolved from it, innermost first.
 type LocationKey = (u64, Vec<(u64, i64)>);
 
-/// One physical frame as the symbolizer's cache shares it: the address of each
-/// frame's function and file names (`Arc<str>`) and its line, innermost first.
+/// One physical frame as the symbolizer's cache shares it: [`identity`] of each of
+/// its frames, innermost first.
 type FrameIdentity = Vec<(*const u8, *const u8, u32)>;
+
+/// A frame by the addresses of its shared function and file names (`Arc<str>`;
+/// null for no file) and its line.
+fn identity(f: &Frame) -> (*const u8, *const u8, u32) {
+    let file = f.file.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
+    (f.function.as_ptr(), file, f.line)
+}
 
 /// Interns strings, functions and locations while samples are converted.
 ///
@@ -313,34 +320,20 @@ impl Builder {
     /// frames first, then their caller, all at one address), adding it when new.
     fn location(&mut self, frames: &[Frame]) -> u64 {
         let address = frames[0].address;
-        let same = |identity: &FrameIdentity| {
-            identity.len() == frames.len()
-                && identity
-                    .iter()
-                    .zip(frames)
-                    .all(|(&(f, file, line), frame)| {
-                        f == frame.function.as_ptr()
-                            && file == frame.file.as_ref().map_or(std::ptr::null(), |s| s.as_ptr())
-                            && line == frame.line
-                    })
+        let same = |known: &FrameIdentity| {
+            known.len() == frames.len() && known.iter().zip(frames).all(|(k, f)| *k == identity(f))
         };
         if let Some(id) = self
             .known
             .get(&address)
-            .and_then(|v| v.iter().find(|(identity, _)| same(identity)))
+            .and_then(|v| v.iter().find(|(known, _)| same(known)))
             .map(|&(_, id)| id)
         {
             return id;
         }
         let id = self.new_location(frames);
-        let identity = frames
-            .iter()
-            .map(|f| {
-                let file = f.file.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
-                (f.function.as_ptr(), file, f.line)
-            })
-            .collect();
-        self.known.entry(address).or_default().push((identity, id));
+        let known = frames.iter().map(identity).collect();
+        self.known.entry(address).or_default().push((known, id));
         id
     }
 
