@@ -17,7 +17,8 @@ struct IntervalState {
     stop: bool,
     /// The thread has queued its last interval and ended.
     done: bool,
-    /// Shutdown gave up waiting for the last interval: it must not be queued.
+    /// No last interval is queued: shutdown gave up waiting for it, or the handle
+    /// was dropped (then none is taken).
     abandoned: bool,
 }
 
@@ -61,9 +62,14 @@ impl Exporter {
                     loop {
                         let stopped = {
                             let g = lock.lock().unwrap_or_else(|e| e.into_inner());
-                            let (g, _) = cv
+                            let (mut g, _) = cv
                                 .wait_timeout_while(g, interval, |s| !s.stop)
                                 .unwrap_or_else(|e| e.into_inner());
+                            if g.abandoned {
+                                // A dropped handle: no last interval.
+                                g.done = true;
+                                return;
+                            }
                             g.stop
                         };
                         // The last interval is taken at shutdown too. A panic in the
@@ -118,6 +124,21 @@ impl Exporter {
         cv.notify_all();
     }
 
+    /// Stops the interval thread without a last interval, counting that interval
+    /// as dropped at shutdown, and leaves the thread to end by itself.
+    fn abandon_interval(&mut self) {
+        let (lock, cv) = &*self.state;
+        let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());
+        if !g.done {
+            g.stop = true;
+            g.abandoned = true;
+            self.delivery.shared().count_dropped_shutdown();
+        }
+        drop(g);
+        cv.notify_all();
+        self.thread = None;
+    }
+
     /// Waits for the last interval until `end`; past it, that interval is dropped
     /// and counted (`dropped_shutdown`) and the thread is left to end by itself.
     pub(crate) fn wait_interval(&mut self, end: Instant) {
@@ -146,13 +167,60 @@ impl Exporter {
 impl Drop for Exporter {
     fn drop(&mut self) {
         if self.thread.is_some() {
-            // Stop at once: what is queued is dropped and counted; the stop is
-            // logged, saying that the handle was dropped.
-            let end = Instant::now();
-            self.stop_interval();
-            self.wait_interval(end);
-            self.delivery.begin_close(end);
+            // Stop at once, taking no last interval (the interval's samples are
+            // counted as one profile dropped at shutdown), and drop what is queued
+            // (counted too). The stop is logged, saying that the handle was
+            // dropped. The interval thread ends by itself.
+            self.abandon_interval();
+            self.delivery.begin_close(Instant::now());
             self.delivery.finish_close_as(Stopped::Dropped);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::delivery::{SendFuture, Transport};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A transport that accepts everything and counts it.
+    struct Accepting(Arc<AtomicUsize>);
+
+    impl Transport for Accepting {
+        fn send<'a>(&'a self, _: &'a [u8]) -> SendFuture<'a> {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    /// A dropped handle stops the sink at once, whatever the threads' timing: it
+    /// takes no last interval, so nothing is sent after the drop, and the log
+    /// line of a sink that sent nothing always says the handle was dropped. Taking
+    /// one (as shutdown does) let a quick interval thread queue and send it.
+    #[test]
+    fn a_dropped_handle_takes_no_last_interval() {
+        let taken = Arc::new(AtomicUsize::new(0));
+        let sent = Arc::new(AtomicUsize::new(0));
+        let source = {
+            let taken = taken.clone();
+            ProfileSource::from_fn(move || {
+                taken.fetch_add(1, Ordering::Relaxed);
+                Profile::empty(10_000_000)
+            })
+        };
+        let delivery = Delivery::start(
+            "test",
+            crate::DeliveryConfig::default(),
+            Accepting(sent.clone()),
+        );
+        let exporter = Exporter::start("test", Duration::from_secs(3600), source, delivery, |_| {
+            Some(vec![1])
+        });
+        drop(exporter);
+        // The interval thread is left to end by itself: give it time to.
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(taken.load(Ordering::Relaxed), 0, "a profile was taken");
+        assert_eq!(sent.load(Ordering::Relaxed), 0, "a payload was sent");
     }
 }
