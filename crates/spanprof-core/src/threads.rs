@@ -20,6 +20,9 @@ pub(crate) struct RunConfig {
 #[derive(Default)]
 pub(crate) struct Registry {
     pub(crate) run: Option<RunConfig>,
+    /// A perf event held while a profiler runs with perf events, so the kernel's
+    /// perf scheduling hooks stay on ([`sys::probe_perf_events`]).
+    pub(crate) perf_keeper: Option<std::os::fd::OwnedFd>,
     pub(crate) threads: Vec<Arc<sys::ThreadSampler>>,
     /// Counters of threads already removed.
     pub(crate) retired_stats: SamplerStats,
@@ -27,6 +30,7 @@ pub(crate) struct Registry {
 
 pub(crate) static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     run: None,
+    perf_keeper: None,
     threads: Vec::new(),
     retired_stats: SamplerStats {
         threads: 0,

@@ -147,6 +147,49 @@ fn perf_profiler_at_1khz() -> Profiler {
     profiler
 }
 
+/// This thread's voluntary context switches: how often it blocked.
+fn voluntary_switches() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .map(|n| n.trim().parse().unwrap())
+        .unwrap()
+}
+
+/// The kernel turns its perf scheduling hooks on when the system's first per-thread
+/// event opens, and waits for an RCU grace period to do so (8 to 25 ms here); it
+/// turns them off a second after the last one closes. So a thread's first hot poll,
+/// which opens its event, blocked its worker for that long when no event had been
+/// open for a second: the example's first checkout after an idle start got a
+/// long-poll warning. The profiler now holds one event from start to stop.
+#[test]
+fn the_first_hot_poll_after_a_quiet_second_does_not_block() {
+    let _s = support::serial();
+    let profiler = perf_profiler_at_1khz();
+    // Past the kernel's one-second delay before it turns the hooks off.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        support::perf_event_fds(),
+        1,
+        "the profiler holds one perf event while it runs"
+    );
+    let blocked = std::thread::spawn(|| {
+        spanprof::register_current_thread();
+        let labels = hot(90, "first_hot");
+        let before = voluntary_switches();
+        let g = labels.enter();
+        let after = voluntary_switches();
+        drop(g);
+        after - before
+    })
+    .join()
+    .unwrap();
+    assert_eq!(blocked, 0, "the first hot push blocked its thread");
+    profiler.stop();
+    assert_eq!(support::perf_event_fds(), 0, "perf fds closed at stop");
+}
+
 /// Hot work whose span ends pauses its thread's perf event, so the cold work after it
 /// takes no high-rate signal: each such signal costs a delivery and a re-arm (about
 /// 30 µs on a KVM guest) for no sample, and the overhead benchmark's `hot10` server
@@ -356,7 +399,11 @@ fn runtime_shutdown_while_sampling() {
         stats.threads, 0,
         "every runtime thread deregistered: {stats:?}"
     );
-    assert_eq!(support::perf_event_fds(), 0);
+    assert_eq!(
+        support::perf_event_fds(),
+        1,
+        "the runtime's threads closed their perf events; the profiler's own is left"
+    );
     within("Profiler::stop", STOP_DEADLINE, || profiler.stop());
 }
 

@@ -19,20 +19,21 @@ pub(super) fn start_platform(cfg: ProfilerBuilder) -> Result<Arc<ProfilerInner>,
     // Perf events only pay off well above the baseline; below twice the baseline the
     // timer re-armed at the high period does the job (and lost-signal detection,
     // which expects several perf samples per baseline tick, stays exact).
-    let perf_ok = if cfg.use_perf_events && cfg.high_hz >= 2 * cfg.baseline_hz {
+    let perf_keeper = if cfg.use_perf_events && cfg.high_hz >= 2 * cfg.baseline_hz {
         match sys::probe_perf_events() {
-            Ok(()) => true,
+            Ok(fd) => Some(fd),
             Err(e) => {
                 tracing::warn!(
                     error = %e,
                     "spanprof: perf events refused; the high rate falls back to the CPU timer (at most about {TIMER_MAX_HZ} Hz)"
                 );
-                false
+                None
             }
         }
     } else {
-        false
+        None
     };
+    let perf_ok = perf_keeper.is_some();
     let mechanism = if perf_ok {
         Mechanism::PerfEvent
     } else {
@@ -92,6 +93,7 @@ pub(super) fn start_platform(cfg: ProfilerBuilder) -> Result<Arc<ProfilerInner>,
     {
         let mut reg = registry();
         reg.run = Some(run);
+        reg.perf_keeper = perf_keeper;
         for t in reg
             .threads
             .iter()
@@ -401,6 +403,7 @@ pub(super) fn stop_platform() {
     sys::set_wall_period(0);
     let mut reg = registry();
     reg.run = None;
+    reg.perf_keeper = None;
     for t in &reg.threads {
         t.disarm();
     }

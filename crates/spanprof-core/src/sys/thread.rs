@@ -2,6 +2,7 @@
 //! its perf event and the counters the handler keeps.
 
 use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -399,12 +400,17 @@ impl Drop for ThreadSampler {
     }
 }
 
-/// Whether this process may open per-thread perf events (tries one on the calling
-/// thread and closes it).
-pub(crate) fn probe_perf_events() -> Result<(), io::Error> {
+/// Whether this process may open per-thread perf events: opens one, never
+/// enabled, on the calling thread and returns it. Hold it while the profiler runs.
+/// The kernel enables its perf scheduling hooks when the system's first per-thread
+/// event opens, waiting for an RCU grace period (milliseconds) to do so, and
+/// disables them a second after the last one closes. Holding one keeps the hooks
+/// on, so a thread's first hot poll, which opens that thread's event, never waits
+/// for a grace period.
+pub(crate) fn probe_perf_events() -> Result<OwnedFd, io::Error> {
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() };
     let fd = perf::open(tid, 1_000_000, SIGNAL)?;
-    perf::close(fd);
-    Ok(())
+    // SAFETY: `fd` was just opened by `perf::open` and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
