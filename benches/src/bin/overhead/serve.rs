@@ -95,6 +95,14 @@ pub fn serve(mode: &str, sink: &str) {
         })
         .high_hz(1000)
         .use_perf_events(mode != "baseline-sampling-noperf")
+        // OVERHEAD_DRAIN_MS: the collector's drain interval (default 1 s), to price
+        // its batching.
+        .drain_interval(std::time::Duration::from_millis(
+            std::env::var("OVERHEAD_DRAIN_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1000),
+        ))
         // SPANPROF_BASELINE_HZ=1 makes sampling negligible, for counting the request
         // path's instructions under Callgrind (which slows the process fifty-fold and
         // so multiplies the samples each request gets).
