@@ -319,19 +319,25 @@ pub mod filters {
 
     use tracing::Metadata;
     use tracing::level_filters::LevelFilter;
+    use tracing_core::callsite::{Callsite, Identifier};
+    use tracing_core::field::FieldSet;
+    use tracing_core::metadata::Kind;
+    use tracing_core::subscriber::Interest;
+    use tracing_core::{Level, identify_callsite};
 
     /// Root selectors configured with `profile_roots` (for the messages), and the
     /// callsites of spans they picked, not yet checked.
     static ROOTS: Mutex<Roots> = Mutex::new(Roots {
         names: Vec::new(),
         unchecked: Vec::new(),
-        checked: 0,
+        watched: Vec::new(),
     });
 
     struct Roots {
         names: Vec<String>,
         unchecked: Vec<&'static Metadata<'static>>,
-        checked: usize,
+        /// Every callsite noted (asking the subscriber about one registers it again).
+        watched: Vec<Identifier>,
     }
 
     /// Most root callsites checked per process.
@@ -364,7 +370,8 @@ pub mod filters {
     /// subscriber listens.
     pub fn watch_root_callsite(meta: &'static Metadata<'static>) {
         let mut r = ROOTS.lock().unwrap_or_else(|e| e.into_inner());
-        if r.unchecked.len() + r.checked < MAX_CALLSITES {
+        if r.watched.len() < MAX_CALLSITES && !r.watched.contains(&meta.callsite()) {
+            r.watched.push(meta.callsite());
             r.unchecked.push(meta);
             UNCHECKED.store(true, Ordering::Release);
         }
@@ -419,9 +426,7 @@ pub mod filters {
         }
         UNCHECKED.store(false, Ordering::Release);
         let max = LevelFilter::current().to_string().to_uppercase();
-        if !WARNINGS_CHECKED.swap(true, Ordering::Relaxed)
-            && !tracing::enabled!(tracing::Level::WARN)
-        {
+        if !WARNINGS_CHECKED.swap(true, Ordering::Relaxed) && !may_enable(&WARNING) {
             // Nothing spanprof warns about will be seen: one line to stderr, now.
             let roots = ROOTS
                 .lock()
@@ -450,8 +455,7 @@ pub mod filters {
         let unchecked =
             std::mem::take(&mut ROOTS.lock().unwrap_or_else(|e| e.into_inner()).unchecked);
         for meta in unchecked {
-            ROOTS.lock().unwrap_or_else(|e| e.into_inner()).checked += 1;
-            if tracing::dispatcher::get_default(|d| d.enabled(meta)) {
+            if may_enable(meta) {
                 continue;
             }
             say(&format!(
@@ -468,10 +472,45 @@ pub mod filters {
     /// Logs `message` at warn level, or, if the filter hides spanprof's warnings and
     /// nothing went to stderr yet, there.
     fn say(message: &str) {
-        if tracing::enabled!(tracing::Level::WARN) {
+        if may_enable(&WARNING) {
             tracing::warn!("{message}");
         } else {
             said(message);
+        }
+    }
+
+    /// Whether the subscriber may show what `meta` describes: under the maximum level
+    /// and a callsite interest other than never ("sometimes" counts: no warning on a
+    /// guess). Never `Dispatch::enabled`, which is for the event or span that follows
+    /// it: with per-layer filters it leaves the thread's filter state set, and the
+    /// thread's next span that every filter enables skips each layer whose filter
+    /// disabled `meta` (the service's request span lost from its traces).
+    fn may_enable(meta: &'static Metadata<'static>) -> bool {
+        *meta.level() <= LevelFilter::current()
+            && tracing::dispatcher::get_default(|d| !d.register_callsite(meta).is_never())
+    }
+
+    /// The callsite of a warning from spanprof, as the service's filters see it.
+    struct WarningCallsite;
+
+    static WARNING_CALLSITE: WarningCallsite = WarningCallsite;
+
+    static WARNING: Metadata<'static> = Metadata::new(
+        "spanprof warning",
+        module_path!(),
+        Level::WARN,
+        Some(file!()),
+        Some(line!()),
+        Some(module_path!()),
+        FieldSet::new(&["message"], identify_callsite!(&WARNING_CALLSITE)),
+        Kind::EVENT,
+    );
+
+    impl Callsite for WarningCallsite {
+        fn set_interest(&self, _: Interest) {}
+
+        fn metadata(&self) -> &Metadata<'_> {
+            &WARNING
         }
     }
 

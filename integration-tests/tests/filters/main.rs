@@ -10,6 +10,7 @@
 //! hooks, commands in `apply` spans picked by `profile_roots`.
 
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use opentelemetry::trace::TracerProvider as _;
@@ -67,6 +68,44 @@ fn an_error_only_filter_gets_one_line_on_stderr_and_the_documented_one_a_profile
     );
 }
 
+/// spanprof's set-up checks ask the subscriber what it would show (its warnings, the
+/// spans `profile_roots` picks), on the thread that builds the layer. With per-layer
+/// filters, asking through `Dispatch::enabled` leaves tracing-subscriber's
+/// per-thread filter state set, and the thread's next span that every filter
+/// enables skips each layer whose filter disabled what was asked about: a
+/// request's server span, or a step of it, is lost, and its children start traces
+/// of their own.
+#[test]
+fn building_the_layer_loses_no_span_of_a_per_layer_filtered_tracer() {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child", "--nocapture", "--test-threads", "1"])
+        .env(CASE, "filtered-tracer")
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run the child");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
+    let seen = |what: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.split(what).nth(1))
+            .unwrap_or_else(|| panic!("no {what} list in:\n{stdout}\n{stderr}"))
+            .trim()
+            .to_owned()
+    };
+    assert_eq!(
+        seen("EXPORTED "),
+        "job,first,second",
+        "the spans the OpenTelemetry layer's filter keeps, in the order they ended"
+    );
+    assert_eq!(
+        seen("OPENED "),
+        "first,second",
+        "the spans the other layer's filter keeps"
+    );
+}
+
 /// Burns about `ms` ms of CPU.
 fn burn(ms: u64) -> u64 {
     let start = spanprof::stats::thread_cpu_time();
@@ -84,6 +123,9 @@ fn child() {
     let Ok(case) = std::env::var(CASE) else {
         return; // Only as a child of the test above.
     };
+    if case == "filtered-tracer" {
+        return filtered_tracer();
+    }
     let profiler = spanprof::Profiler::builder().start().expect("profiler");
     let exporter = InMemorySpanExporter::default();
     let provider = SdkTracerProvider::builder()
@@ -139,4 +181,64 @@ fn child() {
         .sum::<u64>();
     profiler.stop();
     println!("APPLY_SAMPLES {apply}");
+}
+
+/// The child of `building_the_layer_loses_no_span_of_a_per_layer_filtered_tracer`:
+/// prints the names of the spans each filtered layer saw.
+fn filtered_tracer() {
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(SpanProfileProcessor::new(SimpleSpanProcessor::new(
+            exporter.clone(),
+        )))
+        .build();
+    let tracer = provider.tracer("filters");
+    let opened = Opened::default();
+    tracing_subscriber::registry()
+        .with(opened.clone().with_filter(EnvFilter::new("app=info")))
+        .with(
+            tracing_opentelemetry::layer()
+                .with_tracer(tracer)
+                .and_then(SpanProfileLayer::new().profile_roots("job", RoutePolicy::new()))
+                .with_filter(EnvFilter::new("app=info,jobs=info")),
+        )
+        .init();
+    let profiler = spanprof::Profiler::builder().start().expect("profiler");
+    // A root callsite registers (a background job's span, traced but not kept by
+    // the other layer), to be checked against the filters with the layer's checks.
+    drop(tracing::info_span!(target: "jobs", "job"));
+    // Built where a service builds it: on the thread that then serves.
+    let _layer = spanprof::ProfileCorrelationLayer::builder()
+        .build()
+        .expect("layer");
+    drop(tracing::info_span!(target: "app", "first"));
+    drop(tracing::info_span!(target: "app", "second"));
+    provider.force_flush().expect("flush");
+    let exported: Vec<String> = exporter
+        .get_finished_spans()
+        .unwrap()
+        .into_iter()
+        .map(|s| s.name.into_owned())
+        .collect();
+    profiler.stop();
+    println!("EXPORTED {}", exported.join(","));
+    println!("OPENED {}", opened.0.lock().unwrap().join(","));
+}
+
+/// A layer that notes the name of each span it is told of.
+#[derive(Clone, Default)]
+struct Opened(Arc<Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Opened {
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        _: &tracing::span::Id,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(attrs.metadata().name().to_owned());
+    }
 }

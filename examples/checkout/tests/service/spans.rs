@@ -71,7 +71,11 @@ fn check(what: &str, spans: &[(String, String)]) {
         by_trace.len()
     );
     let counts: Vec<usize> = by_trace.values().map(Vec::len).collect();
-    assert_eq!(by_trace.len() as u64, CHECKOUTS, "{what}: traces");
+    assert_eq!(
+        by_trace.len() as u64,
+        CHECKOUTS,
+        "{what}: traces: {by_trace:#?}"
+    );
     assert!(
         counts.iter().all(|&n| n <= 10),
         "{what}: spans per checkout: {counts:?}"
