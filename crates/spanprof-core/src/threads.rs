@@ -10,19 +10,27 @@ use crate::sys;
 /// Default capacity of each thread's sample ring.
 pub const DEFAULT_RING_CAPACITY: usize = 256;
 
-#[derive(Debug, Clone, Copy)]
+/// How the running profiler samples each thread.
+#[derive(Debug)]
 pub(crate) struct RunConfig {
     pub(crate) baseline_ns: u64,
     pub(crate) high_ns: u64,
-    pub(crate) use_perf: bool,
+    /// With perf events for the high rate: one held, never enabled, from start to
+    /// stop, so the kernel's perf scheduling hooks stay on
+    /// ([`sys::probe_perf_events`]).
+    pub(crate) perf_keeper: Option<std::os::fd::OwnedFd>,
+}
+
+impl RunConfig {
+    /// Whether threads sample at the high rate with perf events.
+    pub(crate) fn use_perf(&self) -> bool {
+        self.perf_keeper.is_some()
+    }
 }
 
 #[derive(Default)]
 pub(crate) struct Registry {
     pub(crate) run: Option<RunConfig>,
-    /// A perf event held while a profiler runs with perf events, so the kernel's
-    /// perf scheduling hooks stay on ([`sys::probe_perf_events`]).
-    pub(crate) perf_keeper: Option<std::os::fd::OwnedFd>,
     pub(crate) threads: Vec<Arc<sys::ThreadSampler>>,
     /// Counters of threads already removed.
     pub(crate) retired_stats: SamplerStats,
@@ -30,7 +38,6 @@ pub(crate) struct Registry {
 
 pub(crate) static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     run: None,
-    perf_keeper: None,
     threads: Vec::new(),
     retired_stats: SamplerStats {
         threads: 0,
@@ -129,8 +136,8 @@ pub fn register_current_thread() -> bool {
         sampler.attach_current();
         {
             let mut reg = registry();
-            if let Some(run) = reg.run
-                && let Err(e) = sampler.arm(run.baseline_ns, run.high_ns, run.use_perf)
+            if let Some(run) = &reg.run
+                && let Err(e) = sampler.arm(run.baseline_ns, run.high_ns, run.use_perf())
             {
                 tracing::warn!(tid = sampler.tid, error = %e, "spanprof: could not arm thread");
             }

@@ -88,21 +88,20 @@ pub(super) fn start_platform(cfg: ProfilerBuilder) -> Result<Arc<ProfilerInner>,
     let run = RunConfig {
         baseline_ns: 1_000_000_000 / u64::from(cfg.baseline_hz),
         high_ns: 1_000_000_000 / u64::from(cfg.high_hz),
-        use_perf: perf_ok,
+        perf_keeper,
     };
     {
         let mut reg = registry();
-        reg.run = Some(run);
-        reg.perf_keeper = perf_keeper;
         for t in reg
             .threads
             .iter()
             .filter(|t| !t.retired.load(Ordering::Relaxed))
         {
-            if let Err(e) = t.arm(run.baseline_ns, run.high_ns, run.use_perf) {
+            if let Err(e) = t.arm(run.baseline_ns, run.high_ns, run.use_perf()) {
                 tracing::warn!(tid = t.tid, error = %e, "spanprof: could not arm a thread");
             }
         }
+        reg.run = Some(run);
     }
     sys::set_wall_period(if cfg.wall_hz == 0 {
         0
@@ -403,7 +402,6 @@ pub(super) fn stop_platform() {
     sys::set_wall_period(0);
     let mut reg = registry();
     reg.run = None;
-    reg.perf_keeper = None;
     for t in &reg.threads {
         t.disarm();
     }
