@@ -130,9 +130,7 @@ impl Exporter {
         let (lock, cv) = &*self.state;
         let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());
         if !g.done {
-            g.stop = true;
-            g.abandoned = true;
-            self.delivery.shared().count_dropped_shutdown();
+            give_up(&mut g, &self.delivery);
         }
         drop(g);
         cv.notify_all();
@@ -147,8 +145,7 @@ impl Exporter {
         while !g.done {
             let left = end.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                g.abandoned = true;
-                self.delivery.shared().count_dropped_shutdown();
+                give_up(&mut g, &self.delivery);
                 self.thread = None;
                 return;
             }
@@ -162,6 +159,14 @@ impl Exporter {
             let _ = t.join();
         }
     }
+}
+
+/// Gives up on the last interval: the interval thread takes none and ends by
+/// itself, and that interval counts as one profile dropped at shutdown.
+fn give_up(state: &mut IntervalState, delivery: &Delivery) {
+    state.stop = true;
+    state.abandoned = true;
+    delivery.shared().count_dropped_shutdown();
 }
 
 impl Drop for Exporter {
