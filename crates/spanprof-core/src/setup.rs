@@ -367,7 +367,9 @@ pub mod filters {
 
     /// Notes the callsite of a span a root selector picks, as tracing registers it
     /// (`Layer::register_callsite`): checked against the service's filter once a
-    /// subscriber listens.
+    /// subscriber listens, once per process (asking registers it again, which is not
+    /// noted twice). Must not check here: a check inside a registration would read
+    /// that registration's partial interest.
     pub fn watch_root_callsite(meta: &'static Metadata<'static>) {
         let mut r = ROOTS.lock().unwrap_or_else(|e| e.into_inner());
         if r.watched.len() < MAX_CALLSITES && !r.watched.contains(&meta.callsite()) {
@@ -479,21 +481,43 @@ pub mod filters {
         }
     }
 
-    /// Whether the subscriber may show what `meta` describes: under the maximum level
-    /// and a callsite interest other than never ("sometimes" counts: no warning on a
-    /// guess). Never `Dispatch::enabled`, which is for the event or span that follows
-    /// it: with per-layer filters it leaves the thread's filter state set, and the
-    /// thread's next span that every filter enables skips each layer whose filter
-    /// disabled `meta` (the service's request span lost from its traces).
+    /// Whether the subscriber would show what `meta` describes: under the compiled and
+    /// the current maximum level, then the subscriber's interest in the callsite.
+    /// Never `Dispatch::enabled` on the calling thread: it is meant for the event or
+    /// span that follows it, and with per-layer filters it leaves the thread's filter
+    /// state set, so the thread's next span that every filter enables skips each layer
+    /// whose filter disabled `meta` (a request's span lost from its traces). When the
+    /// interest is "sometimes" (span directives, per-layer filters that disagree),
+    /// `enabled` decides, asked on a short-lived thread whose filter state ends with
+    /// it (outside any span, as at start-up); if no thread can be started, the answer
+    /// is yes (no warning on a guess).
     fn may_enable(meta: &'static Metadata<'static>) -> bool {
-        *meta.level() <= LevelFilter::current()
-            && tracing::dispatcher::get_default(|d| !d.register_callsite(meta).is_never())
+        let level = *meta.level();
+        if !(level <= tracing::level_filters::STATIC_MAX_LEVEL && level <= LevelFilter::current()) {
+            return false;
+        }
+        let (interest, dispatch) =
+            tracing::dispatcher::get_default(|d| (d.register_callsite(meta), d.clone()));
+        if interest.is_always() || interest.is_never() {
+            return interest.is_always();
+        }
+        std::thread::scope(|s| {
+            std::thread::Builder::new()
+                .name("spanprof-filter-check".into())
+                .spawn_scoped(s, || dispatch.enabled(meta))
+                .ok()
+                .and_then(|h| h.join().ok())
+        })
+        .unwrap_or(true)
     }
 
-    /// The callsite of a warning from spanprof, as the service's filters see it.
-    struct WarningCallsite;
+    /// The callsite of a warning from spanprof, as the service's filters see it (not
+    /// zero-sized: callsites are told apart by address).
+    struct WarningCallsite {
+        _distinct: u8,
+    }
 
-    static WARNING_CALLSITE: WarningCallsite = WarningCallsite;
+    static WARNING_CALLSITE: WarningCallsite = WarningCallsite { _distinct: 0 };
 
     static WARNING: Metadata<'static> = Metadata::new(
         "spanprof warning",

@@ -60,6 +60,17 @@ fn an_error_only_filter_gets_one_line_on_stderr_and_the_documented_one_a_profile
     }
     assert_eq!(labelled, 0, "the apply spans are never created");
 
+    // The same with a span directive beside it, which makes the filter's answer for
+    // every other callsite "sometimes": still one line.
+    let (hidden, labelled) = run_child("global-error-with-span-directive");
+    assert_eq!(hidden.len(), 1, "one line, at start: {hidden:#?}");
+    assert!(
+        hidden[0].contains("hides spanprof's warnings"),
+        "{}",
+        hidden[0]
+    );
+    assert_eq!(labelled, 0, "the apply spans are never created");
+
     let (said, labelled) = run_child("per-layer");
     assert!(said.is_empty(), "the documented set-up: {said:#?}");
     assert!(
@@ -136,9 +147,14 @@ fn child() {
     let tracer = provider.tracer("filters");
     let roots = || SpanProfileLayer::new().profile_roots("apply", RoutePolicy::new());
     match case.as_str() {
-        // As a service does with `EnvFilter::from_default_env()` and RUST_LOG unset.
-        "global-error" => tracing_subscriber::registry()
-            .with(EnvFilter::new("error"))
+        // As a service does with `EnvFilter::from_default_env()` and RUST_LOG unset
+        // (or set to error and a span directive).
+        "global-error" | "global-error-with-span-directive" => tracing_subscriber::registry()
+            .with(EnvFilter::new(if case == "global-error" {
+                "error"
+            } else {
+                "error,[handle]=debug"
+            }))
             .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
             .with(tracing_opentelemetry::layer().with_tracer(tracer))
             .with(roots())
@@ -207,7 +223,9 @@ fn filtered_tracer() {
     // A root callsite registers (a background job's span, traced but not kept by
     // the other layer), to be checked against the filters with the layer's checks.
     drop(tracing::info_span!(target: "jobs", "job"));
-    // Built where a service builds it: on the thread that then serves.
+    // Built where a service builds it: on the thread that then serves. No thread is
+    // registered with the profiler, so its collector takes no sample and runs no
+    // check of its own: the build checks `job`, on this thread.
     let _layer = spanprof::ProfileCorrelationLayer::builder()
         .build()
         .expect("layer");
