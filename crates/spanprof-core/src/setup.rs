@@ -481,34 +481,20 @@ pub mod filters {
         }
     }
 
-    /// Whether the subscriber would show what `meta` describes: under the compiled and
-    /// the current maximum level, then the subscriber's interest in the callsite.
-    /// Never `Dispatch::enabled` on the calling thread: it is meant for the event or
-    /// span that follows it, and with per-layer filters it leaves the thread's filter
-    /// state set, so the thread's next span that every filter enables skips each layer
-    /// whose filter disabled `meta` (a request's span lost from its traces). When the
-    /// interest is "sometimes" (span directives, per-layer filters that disagree),
-    /// `enabled` decides, asked on a short-lived thread whose filter state ends with
-    /// it (outside any span, as at start-up); if no thread can be started, the answer
-    /// is yes (no warning on a guess).
+    /// Whether the subscriber may show what `meta` describes: under the compiled and
+    /// the current maximum level, and a callsite interest other than never
+    /// ("sometimes", from span directives or per-layer filters that disagree, counts
+    /// as shown: no warning on a guess). Never `Dispatch::enabled`: it is meant for the
+    /// event or span that follows it, and with per-layer filters it leaves the
+    /// thread's filter state set, so the thread's next span that every filter enables
+    /// skips each layer whose filter disabled `meta` (a request's span lost from its
+    /// traces). Settling "sometimes" on a thread of its own would allocate on
+    /// whichever thread checks, a request's among them.
     fn may_enable(meta: &'static Metadata<'static>) -> bool {
         let level = *meta.level();
-        if !(level <= tracing::level_filters::STATIC_MAX_LEVEL && level <= LevelFilter::current()) {
-            return false;
-        }
-        let (interest, dispatch) =
-            tracing::dispatcher::get_default(|d| (d.register_callsite(meta), d.clone()));
-        if interest.is_always() || interest.is_never() {
-            return interest.is_always();
-        }
-        std::thread::scope(|s| {
-            std::thread::Builder::new()
-                .name("spanprof-filter-check".into())
-                .spawn_scoped(s, || dispatch.enabled(meta))
-                .ok()
-                .and_then(|h| h.join().ok())
-        })
-        .unwrap_or(true)
+        level <= tracing::level_filters::STATIC_MAX_LEVEL
+            && level <= LevelFilter::current()
+            && tracing::dispatcher::get_default(|d| !d.register_callsite(meta).is_never())
     }
 
     /// The callsite of a warning from spanprof, as the service's filters see it (not
