@@ -111,7 +111,14 @@ impl Shared {
         let mut q = self.lock();
         q.drained_at_ns = q.drained_at_ns.max(started);
         if drained.is_empty() {
-            return (q.processed == q.enqueued).then_some(started);
+            let idle = (q.processed == q.enqueued).then_some(started);
+            drop(q);
+            if crate::setup::filters::waiting() {
+                // A filter check waits for the collector, which may be asleep for
+                // want of samples.
+                self.cv.notify_all();
+            }
+            return idle;
         }
         for d in drained {
             if q.samples.len() >= MAX_BACKLOG {
@@ -296,6 +303,7 @@ fn process(
     windows: Arc<Mutex<Vec<Weak<WindowInner>>>>,
     cache_bytes: usize,
 ) {
+    crate::setup::filters::on_collector_thread();
     let eighth = cache_bytes / 8;
     let mut symbolizer = AddressSymbolizer::new(SYMBOL_CACHE_EIGHTHS * eighth);
     let mut stacks = StackCache::new(STACK_CACHE_EIGHTHS * eighth);

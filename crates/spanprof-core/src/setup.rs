@@ -143,10 +143,12 @@ pub(crate) fn profiler_started(line: String) {
     emit_pending();
 }
 
-/// Whether a message waits for a subscriber (the collector thread then wakes now
-/// and then to log it, even when no sample comes).
+/// Whether a message waits for a subscriber, or a filter check for the collector
+/// thread (which then wakes now and then to run it, even when no sample comes).
 pub(crate) fn pending() -> bool {
-    PENDING.load(Ordering::Relaxed) != 0 || STARTED_PENDING.load(Ordering::Relaxed)
+    PENDING.load(Ordering::Relaxed) != 0
+        || STARTED_PENDING.load(Ordering::Relaxed)
+        || filters::waiting()
 }
 
 /// The set-up checks of a service's start, run where spanprof's layer is built
@@ -346,6 +348,8 @@ pub mod filters {
     static ROOT_SEEN: AtomicBool = AtomicBool::new(false);
     /// A root callsite waits to be checked.
     static UNCHECKED: AtomicBool = AtomicBool::new(false);
+    /// A check waits for the collector thread: the subscriber answered "sometimes".
+    static WAITING: AtomicBool = AtomicBool::new(false);
     static STDERR_SAID: AtomicBool = AtomicBool::new(false);
     static WARNINGS_CHECKED: AtomicBool = AtomicBool::new(false);
     static NO_ROOT_WARNED: AtomicBool = AtomicBool::new(false);
@@ -379,9 +383,24 @@ pub mod filters {
         }
     }
 
+    thread_local! {
+        /// Set on the collector thread, where a "sometimes" answer is settled.
+        static ON_COLLECTOR: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// Marks the calling thread as the collector's, at its start.
+    pub(crate) fn on_collector_thread() {
+        ON_COLLECTOR.with(|c| c.set(true));
+    }
+
+    /// Whether a check waits for the collector thread (it then wakes to run it).
+    pub(crate) fn waiting() -> bool {
+        WAITING.load(Ordering::Relaxed)
+    }
+
     /// From the collector, after each batch of `samples`: the checks due.
     pub(crate) fn after_batch(samples: u64) {
-        if UNCHECKED.load(Ordering::Acquire) {
+        if UNCHECKED.load(Ordering::Acquire) || WAITING.load(Ordering::Relaxed) {
             check();
         }
         samples_taken(samples);
@@ -421,45 +440,73 @@ pub mod filters {
         ));
     }
 
-    /// Runs the checks a listening subscriber makes possible.
+    /// Runs the checks a listening subscriber makes possible. A check whose answer is
+    /// "sometimes" is left to the collector thread (see [`may_enable`]).
     pub(crate) fn check() {
         if !tracing::dispatcher::get_default(|d| !d.is::<tracing::subscriber::NoSubscriber>()) {
             return;
         }
         UNCHECKED.store(false, Ordering::Release);
+        WAITING.store(false, Ordering::Relaxed);
+        let mut asked = false;
+        let mut wait = false;
         let max = LevelFilter::current().to_string().to_uppercase();
-        if !WARNINGS_CHECKED.swap(true, Ordering::Relaxed) && !may_enable(&WARNING) {
-            // Nothing spanprof warns about will be seen: one line to stderr, now.
-            let roots = ROOTS
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .names
-                .join(", ");
-            let spans = if LevelFilter::current() < LevelFilter::INFO {
-                format!(
-                    ", and every span less severe than {max}, so{} TraceLayer's request spans are not created and \
-                     nothing is labelled",
-                    if roots.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" the spans profile_roots picks ({roots}) and")
+        if !WARNINGS_CHECKED.load(Ordering::Relaxed) {
+            match may_enable(&WARNING, &mut asked) {
+                None => wait = true,
+                Some(shown) => {
+                    if !WARNINGS_CHECKED.swap(true, Ordering::Relaxed) && !shown {
+                        warnings_hidden(&max);
                     }
-                )
-            } else {
-                String::new()
-            };
-            said(&format!(
-                "spanprof: this process's tracing filter (max level {max}) hides spanprof's warnings{spans}. Filter \
-                 the log output, not the spans: fmt::layer().with_filter(EnvFilter::from_default_env()), with the \
-                 OpenTelemetry and spanprof layers unfiltered (docs/layer.md, \"Log filters\")."
-            ));
-        }
-        let unchecked =
-            std::mem::take(&mut ROOTS.lock().unwrap_or_else(|e| e.into_inner()).unchecked);
-        for meta in unchecked {
-            if may_enable(meta) {
-                continue;
+                }
             }
+        }
+        // Asked outside the lock: asking registers the callsite again, and a root's
+        // registration takes the lock.
+        let mut roots = [None; MAX_CALLSITES];
+        for (slot, meta) in roots
+            .iter_mut()
+            .zip(&ROOTS.lock().unwrap_or_else(|e| e.into_inner()).unchecked)
+        {
+            *slot = Some(*meta);
+        }
+        let mut decided = [None; MAX_CALLSITES];
+        for (meta, verdict) in roots.iter().map_while(|m| *m).zip(&mut decided) {
+            match may_enable(meta, &mut asked) {
+                None => wait = true,
+                Some(shown) => *verdict = Some((meta, shown)),
+            }
+        }
+        // Only the decisions this call takes out of the list are reported: a check
+        // on another thread may have decided the same callsites meanwhile.
+        let mut taken = [false; MAX_CALLSITES];
+        ROOTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unchecked
+            .retain(|m| {
+                let found = decided
+                    .iter()
+                    .position(|v| v.is_some_and(|(d, _)| std::ptr::eq(d, *m)));
+                if let Some(i) = found {
+                    taken[i] = true;
+                }
+                found.is_none()
+            });
+        if asked {
+            // `enabled` leaves its verdict in the thread's per-layer filter state:
+            // ask for the warning last, so that the state left is the verdict for
+            // spanprof's own warnings, the collector's next events.
+            let _ = tracing::dispatcher::get_default(|d| d.enabled(&WARNING));
+        }
+        if wait {
+            WAITING.store(true, Ordering::Relaxed);
+        }
+        let hidden = decided
+            .iter()
+            .zip(taken)
+            .filter_map(|(v, taken)| v.filter(|&(_, shown)| taken && !shown));
+        for (meta, _) in hidden {
             say(&format!(
                 "spanprof: the tracing filter disables the spans `{}` (target {}, level {}) that profile_roots \
                  picks: they are never created, so nothing is labelled. Give the OpenTelemetry and spanprof layers \
@@ -471,30 +518,67 @@ pub mod filters {
         }
     }
 
+    /// Nothing spanprof warns about will be seen: one line to stderr, now.
+    fn warnings_hidden(max: &str) {
+        let roots = ROOTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .names
+            .join(", ");
+        let spans = if LevelFilter::current() < LevelFilter::INFO {
+            format!(
+                ", and every span less severe than {max}, so{} TraceLayer's request spans are not created and \
+                 nothing is labelled",
+                if roots.is_empty() {
+                    String::new()
+                } else {
+                    format!(" the spans profile_roots picks ({roots}) and")
+                }
+            )
+        } else {
+            String::new()
+        };
+        said(&format!(
+            "spanprof: this process's tracing filter (max level {max}) hides spanprof's warnings{spans}. Filter \
+             the log output, not the spans: fmt::layer().with_filter(EnvFilter::from_default_env()), with the \
+             OpenTelemetry and spanprof layers unfiltered (docs/layer.md, \"Log filters\")."
+        ));
+    }
+
     /// Logs `message` at warn level, or, if the filter hides spanprof's warnings and
     /// nothing went to stderr yet, there.
     fn say(message: &str) {
-        if may_enable(&WARNING) {
+        // Undecided ("sometimes" off the collector thread) counts as shown.
+        if may_enable(&WARNING, &mut false) != Some(false) {
             tracing::warn!("{message}");
         } else {
             said(message);
         }
     }
 
-    /// Whether the subscriber may show what `meta` describes: under the compiled and
-    /// the current maximum level, and a callsite interest other than never
-    /// ("sometimes", from span directives or per-layer filters that disagree, counts
-    /// as shown: no warning on a guess). Never `Dispatch::enabled`: it is meant for the
-    /// event or span that follows it, and with per-layer filters it leaves the
-    /// thread's filter state set, so the thread's next span that every filter enables
-    /// skips each layer whose filter disabled `meta` (a request's span lost from its
-    /// traces). Settling "sometimes" on a thread of its own would allocate on
-    /// whichever thread checks, a request's among them.
-    fn may_enable(meta: &'static Metadata<'static>) -> bool {
+    /// Whether the subscriber would show what `meta` describes: under the compiled and
+    /// the current maximum level, then the subscriber's interest in the callsite. An
+    /// interest of "sometimes" (span directives, per-layer filters that disagree) is
+    /// settled by `Dispatch::enabled` on the collector thread (setting `asked`), and
+    /// is `None`, undecided, on any other thread: `enabled` is meant for the event or
+    /// span that follows it, and with per-layer filters it leaves the thread's filter
+    /// state set, so that thread's next span that every filter enables skips each
+    /// layer whose filter disabled `meta` (a request's span lost from its traces).
+    /// The collector thread runs no span of the service's.
+    fn may_enable(meta: &'static Metadata<'static>, asked: &mut bool) -> Option<bool> {
         let level = *meta.level();
-        level <= tracing::level_filters::STATIC_MAX_LEVEL
-            && level <= LevelFilter::current()
-            && tracing::dispatcher::get_default(|d| !d.register_callsite(meta).is_never())
+        if !(level <= tracing::level_filters::STATIC_MAX_LEVEL && level <= LevelFilter::current()) {
+            return Some(false);
+        }
+        let interest = tracing::dispatcher::get_default(|d| d.register_callsite(meta));
+        if interest.is_always() || interest.is_never() {
+            return Some(interest.is_always());
+        }
+        if !ON_COLLECTOR.with(std::cell::Cell::get) {
+            return None;
+        }
+        *asked = true;
+        Some(tracing::dispatcher::get_default(|d| d.enabled(meta)))
     }
 
     /// The callsite of a warning from spanprof, as the service's filters see it (not

@@ -60,6 +60,17 @@ fn an_error_only_filter_gets_one_line_on_stderr_and_the_documented_one_a_profile
     }
     assert_eq!(labelled, 0, "the apply spans are never created");
 
+    // The same with a span directive beside it, which makes the filter's answer for
+    // every other callsite "sometimes": still one line.
+    let (hidden, labelled) = run_child("global-error-with-span-directive");
+    assert_eq!(hidden.len(), 1, "one line, at start: {hidden:#?}");
+    assert!(
+        hidden[0].contains("hides spanprof's warnings"),
+        "{}",
+        hidden[0]
+    );
+    assert_eq!(labelled, 0, "the apply spans are never created");
+
     let (said, labelled) = run_child("per-layer");
     assert!(said.is_empty(), "the documented set-up: {said:#?}");
     assert!(
@@ -127,18 +138,18 @@ fn child() {
         return filtered_tracer();
     }
     let profiler = spanprof::Profiler::builder().start().expect("profiler");
-    let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder()
-        .with_span_processor(SpanProfileProcessor::new(SimpleSpanProcessor::new(
-            exporter,
-        )))
-        .build();
+    let (_, provider) = traced();
     let tracer = provider.tracer("filters");
     let roots = || SpanProfileLayer::new().profile_roots("apply", RoutePolicy::new());
     match case.as_str() {
-        // As a service does with `EnvFilter::from_default_env()` and RUST_LOG unset.
-        "global-error" => tracing_subscriber::registry()
-            .with(EnvFilter::new("error"))
+        // As a service does with `EnvFilter::from_default_env()` and RUST_LOG unset
+        // (or set to error and a span directive).
+        "global-error" | "global-error-with-span-directive" => tracing_subscriber::registry()
+            .with(EnvFilter::new(if case == "global-error" {
+                "error"
+            } else {
+                "error,[handle]=debug"
+            }))
             .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
             .with(tracing_opentelemetry::layer().with_tracer(tracer))
             .with(roots())
@@ -186,12 +197,7 @@ fn child() {
 /// The child of `building_the_layer_loses_no_span_of_a_per_layer_filtered_tracer`:
 /// prints the names of the spans each filtered layer saw.
 fn filtered_tracer() {
-    let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder()
-        .with_span_processor(SpanProfileProcessor::new(SimpleSpanProcessor::new(
-            exporter.clone(),
-        )))
-        .build();
+    let (exporter, provider) = traced();
     let tracer = provider.tracer("filters");
     let opened = Opened::default();
     tracing_subscriber::registry()
@@ -225,6 +231,17 @@ fn filtered_tracer() {
     profiler.stop();
     println!("EXPORTED {}", exported.join(","));
     println!("OPENED {}", opened.0.lock().unwrap().join(","));
+}
+
+/// A tracer provider whose spans end in memory, through spanprof's processor.
+fn traced() -> (InMemorySpanExporter, SdkTracerProvider) {
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(SpanProfileProcessor::new(SimpleSpanProcessor::new(
+            exporter.clone(),
+        )))
+        .build();
+    (exporter, provider)
 }
 
 /// A layer that notes the name of each span it is told of.
