@@ -4,7 +4,8 @@
 # second (1 000 by default; the checkout mix takes about 60), past the first minute's
 # symbolization, then REC more seconds under `perf record` of the collector thread
 # alone. Prints the collector's and the drain thread's CPU per request over the
-# recording; the profile is left in /tmp/collector.perf.data.
+# recording, and the collector's per sample (the `SIGPROF`s the server's threads
+# took, counted by `perf stat`); the profile is left in /tmp/collector.perf.data.
 #
 #   cargo build --release -p spanprof-bench --bin overhead
 #   benches/scripts/collector_perf.sh baseline 90 60
@@ -21,8 +22,13 @@ C=$(thread_ids spanprof-collec)
 c0=$(thread_cpu spanprof-collec); d0=$(thread_cpu spanprof-drain)
 perf record -q -e cpu-clock -F 4999 -g -t $C -o /tmp/collector.perf.data -- sleep $REC &
 PERF=$!
+perf stat -x, -e signal:signal_deliver --filter 'sig == 27' -p $SRV_PID \
+    -o /tmp/collector.signals -- sleep $REC &
+SIGNALS=$!
 r=$($EXE load --url $URL --workload $WORKLOAD --secs $REC --rate $RATE | cut -d' ' -f1)
-wait $PERF
+wait $PERF $SIGNALS
 c1=$(thread_cpu spanprof-collec); d1=$(thread_cpu spanprof-drain)
-python3 -c "print(f'requests $r: collector {($c1-$c0)/1000/$r:.3f} us/req, drain {($d1-$d0)/1000/$r:.3f} us/req')"
+s=$(grep signal_deliver /tmp/collector.signals | cut -d, -f1)
+python3 -c "print(f'requests $r, samples $s: collector {($c1-$c0)/1000/$r:.3f} us/req, \
+{($c1-$c0)/1000/max($s,1):.2f} us/sample, drain {($d1-$d0)/1000/$r:.3f} us/req')"
 kill $SRV_PID
