@@ -28,7 +28,7 @@ use crate::window::WindowInner;
 pub(crate) const MAX_BACKLOG: usize = 1 << 16;
 
 /// How often an idle collector looks for a `tracing` subscriber while a start-up
-/// message waits for one.
+/// message waits for one, or runs a filter check left to it.
 const PENDING_LOG_POLL: Duration = Duration::from_millis(200);
 
 /// Shares of [`crate::ProfilerBuilder::cache_bytes`], in eighths: symbolized stacks
@@ -316,8 +316,8 @@ fn process(
             let mut q = shared.lock();
             while q.samples.is_empty() && !q.stop {
                 if crate::setup::pending() {
-                    // A start-up message waits for a subscriber: look again soon,
-                    // however idle the service.
+                    // A start-up message waits for a subscriber, or a filter check
+                    // for this thread: look again soon, however idle the service.
                     q = shared
                         .cv
                         .wait_timeout(q, PENDING_LOG_POLL)
@@ -333,6 +333,9 @@ fn process(
                 }
             }
             if q.samples.is_empty() && q.stop {
+                drop(q);
+                // A filter check left to this thread is run before it ends.
+                crate::setup::emit_pending();
                 return;
             }
             q.bytes = 0;

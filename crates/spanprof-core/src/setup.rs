@@ -170,7 +170,7 @@ pub fn check_at_start() {
 }
 
 /// Logs the pending messages if a `tracing` subscriber is listening now. Called at
-/// each check and by the collector thread as it wakes (one or two atomic loads when
+/// each check and by the collector thread as it wakes (a few atomic loads when
 /// nothing is pending).
 pub(crate) fn emit_pending() {
     if !pending() {
@@ -314,7 +314,8 @@ mod tests {
 /// `profile_roots` span, or `TraceLayer`'s request span, that the filter disables is
 /// never created, so nothing is labelled). Checked once a subscriber listens, again
 /// as root callsites register, and from the collector while samples arrive and no
-/// root span was ever seen.
+/// root span was ever seen. Whether the warnings are shown, when the subscriber's
+/// answer is "sometimes", is settled on the collector thread alone.
 pub mod filters {
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -440,23 +441,31 @@ pub mod filters {
         ));
     }
 
-    /// Runs the checks a listening subscriber makes possible. A check whose answer is
-    /// "sometimes" is left to the collector thread (see [`may_enable`]).
+    /// Runs the checks a listening subscriber makes possible. Whether spanprof's
+    /// warnings are shown, when the subscriber answers "sometimes", and the root
+    /// callsites after it, are left to the collector thread (see [`warnings_shown`]).
     pub(crate) fn check() {
         if !tracing::dispatcher::get_default(|d| !d.is::<tracing::subscriber::NoSubscriber>()) {
+            if ON_COLLECTOR.with(std::cell::Cell::get) {
+                // The check waits for a subscriber the collector thread cannot see
+                // (one scoped to the thread that asked): left undecided, as shown.
+                WAITING.store(false, Ordering::Relaxed);
+            }
             return;
         }
         UNCHECKED.store(false, Ordering::Release);
         WAITING.store(false, Ordering::Relaxed);
-        let mut asked = false;
-        let mut wait = false;
-        let max = LevelFilter::current().to_string().to_uppercase();
         if !WARNINGS_CHECKED.load(Ordering::Relaxed) {
-            match may_enable(&WARNING, &mut asked) {
-                None => wait = true,
+            match warnings_shown() {
+                None => {
+                    // Root callsites are decided once it is known where their
+                    // warnings go, on the collector thread.
+                    WAITING.store(true, Ordering::Relaxed);
+                    return;
+                }
                 Some(shown) => {
                     if !WARNINGS_CHECKED.swap(true, Ordering::Relaxed) && !shown {
-                        warnings_hidden(&max);
+                        warnings_hidden();
                     }
                 }
             }
@@ -472,10 +481,7 @@ pub mod filters {
         }
         let mut decided = [None; MAX_CALLSITES];
         for (meta, verdict) in roots.iter().map_while(|m| *m).zip(&mut decided) {
-            match may_enable(meta, &mut asked) {
-                None => wait = true,
-                Some(shown) => *verdict = Some((meta, shown)),
-            }
+            *verdict = Some((meta, may_enable(meta)));
         }
         // Only the decisions this call takes out of the list are reported: a check
         // on another thread may have decided the same callsites meanwhile.
@@ -493,15 +499,6 @@ pub mod filters {
                 }
                 found.is_none()
             });
-        if asked {
-            // `enabled` leaves its verdict in the thread's per-layer filter state:
-            // ask for the warning last, so that the state left is the verdict for
-            // spanprof's own warnings, the collector's next events.
-            let _ = tracing::dispatcher::get_default(|d| d.enabled(&WARNING));
-        }
-        if wait {
-            WAITING.store(true, Ordering::Relaxed);
-        }
         let hidden = decided
             .iter()
             .zip(taken)
@@ -519,7 +516,8 @@ pub mod filters {
     }
 
     /// Nothing spanprof warns about will be seen: one line to stderr, now.
-    fn warnings_hidden(max: &str) {
+    fn warnings_hidden() {
+        let max = LevelFilter::current().to_string().to_uppercase();
         let roots = ROOTS
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -549,36 +547,51 @@ pub mod filters {
     /// nothing went to stderr yet, there.
     fn say(message: &str) {
         // Undecided ("sometimes" off the collector thread) counts as shown.
-        if may_enable(&WARNING, &mut false) != Some(false) {
+        if warnings_shown() != Some(false) {
             tracing::warn!("{message}");
         } else {
             said(message);
         }
     }
 
-    /// Whether the subscriber would show what `meta` describes: under the compiled and
-    /// the current maximum level, then the subscriber's interest in the callsite. An
-    /// interest of "sometimes" (span directives, per-layer filters that disagree) is
-    /// settled by `Dispatch::enabled` on the collector thread (setting `asked`), and
-    /// is `None`, undecided, on any other thread: `enabled` is meant for the event or
-    /// span that follows it, and with per-layer filters it leaves the thread's filter
-    /// state set, so that thread's next span that every filter enables skips each
-    /// layer whose filter disabled `meta` (a request's span lost from its traces).
-    /// The collector thread runs no span of the service's.
-    fn may_enable(meta: &'static Metadata<'static>, asked: &mut bool) -> Option<bool> {
+    /// Whether the subscriber would show what `meta` describes, as far as its
+    /// callsite tells: under the compiled and the current maximum level, and an
+    /// interest other than never. "Sometimes" (span directives, per-layer filters that
+    /// disagree) counts as shown: a span directive such as `[run]=debug` enables a
+    /// root span inside `run` spans, which no check outside them can see. Never
+    /// `Dispatch::enabled` here: it is meant for the event or span that follows it,
+    /// and with per-layer filters it leaves the thread's filter state set, so that
+    /// thread's next span that every filter enables skips each layer whose filter
+    /// disabled `meta` (a request's span lost from its traces).
+    fn may_enable(meta: &'static Metadata<'static>) -> bool {
+        interest(meta).unwrap_or(true)
+    }
+
+    /// The subscriber's answer for `meta` from the level caps and its interest in
+    /// the callsite; `None` for "sometimes".
+    fn interest(meta: &'static Metadata<'static>) -> Option<bool> {
         let level = *meta.level();
         if !(level <= tracing::level_filters::STATIC_MAX_LEVEL && level <= LevelFilter::current()) {
             return Some(false);
         }
         let interest = tracing::dispatcher::get_default(|d| d.register_callsite(meta));
-        if interest.is_always() || interest.is_never() {
-            return Some(interest.is_always());
+        (interest.is_always() || interest.is_never()).then(|| interest.is_always())
+    }
+
+    /// Whether spanprof's warnings are shown. An interest of "sometimes" is settled
+    /// by `Dispatch::enabled` on the collector thread, which runs no span of the
+    /// service's and logs most of spanprof's warnings, outside any span; the filter
+    /// state it leaves there is the verdict for spanprof's own warnings. On any
+    /// other thread "sometimes" is `None`, undecided (see [`may_enable`] for why not
+    /// `enabled` there).
+    fn warnings_shown() -> Option<bool> {
+        if let Some(answer) = interest(&WARNING) {
+            return Some(answer);
         }
         if !ON_COLLECTOR.with(std::cell::Cell::get) {
             return None;
         }
-        *asked = true;
-        Some(tracing::dispatcher::get_default(|d| d.enabled(meta)))
+        Some(tracing::dispatcher::get_default(|d| d.enabled(&WARNING)))
     }
 
     /// The callsite of a warning from spanprof, as the service's filters see it (not

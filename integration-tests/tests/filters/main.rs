@@ -61,15 +61,28 @@ fn an_error_only_filter_gets_one_line_on_stderr_and_the_documented_one_a_profile
     assert_eq!(labelled, 0, "the apply spans are never created");
 
     // The same with a span directive beside it, which makes the filter's answer for
-    // every other callsite "sometimes": still one line.
-    let (hidden, labelled) = run_child("global-error-with-span-directive");
-    assert_eq!(hidden.len(), 1, "one line, at start: {hidden:#?}");
-    assert!(
-        hidden[0].contains("hides spanprof's warnings"),
-        "{}",
-        hidden[0]
-    );
-    assert_eq!(labelled, 0, "the apply spans are never created");
+    // every callsite below ERROR "sometimes", spanprof's warnings among them; and
+    // again with the profiler started after the subscriber, whose start checks the
+    // filter on this thread, which leaves "sometimes" to the collector thread.
+    for case in [
+        "global-error-with-span-directive",
+        "span-directive-profiler-after-subscriber",
+    ] {
+        let (hidden, labelled) = run_child(case);
+        assert_eq!(hidden.len(), 1, "{case}: one line: {hidden:#?}");
+        assert!(
+            hidden[0].contains("hides spanprof's warnings"),
+            "{case}: {}",
+            hidden[0]
+        );
+        assert_eq!(labelled, 0, "{case}: the apply spans are never created");
+    }
+
+    // A span directive that enables the roots inside the spans that hold them: a
+    // correct set-up, whatever a check outside those spans would be told.
+    let (said, labelled) = run_child("span-directive-roots-inside");
+    assert!(said.is_empty(), "roots enabled inside `run`: {said:#?}");
+    assert!(labelled > 0, "apply spans profiled inside `run`");
 
     let (said, labelled) = run_child("per-layer");
     assert!(said.is_empty(), "the documented set-up: {said:#?}");
@@ -137,18 +150,23 @@ fn child() {
     if case == "filtered-tracer" {
         return filtered_tracer();
     }
-    let profiler = spanprof::Profiler::builder().start().expect("profiler");
+    let start = || spanprof::Profiler::builder().start().expect("profiler");
+    let late = case == "span-directive-profiler-after-subscriber";
+    let early = (!late).then(start);
     let (_, provider) = traced();
     let tracer = provider.tracer("filters");
     let roots = || SpanProfileLayer::new().profile_roots("apply", RoutePolicy::new());
     match case.as_str() {
         // As a service does with `EnvFilter::from_default_env()` and RUST_LOG unset
         // (or set to error and a span directive).
-        "global-error" | "global-error-with-span-directive" => tracing_subscriber::registry()
-            .with(EnvFilter::new(if case == "global-error" {
-                "error"
-            } else {
-                "error,[handle]=debug"
+        "global-error"
+        | "global-error-with-span-directive"
+        | "span-directive-profiler-after-subscriber"
+        | "span-directive-roots-inside" => tracing_subscriber::registry()
+            .with(EnvFilter::new(match case.as_str() {
+                "global-error" => "error",
+                "span-directive-roots-inside" => "warn,[run]=info",
+                _ => "error,[handle]=debug",
             }))
             .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
             .with(tracing_opentelemetry::layer().with_tracer(tracer))
@@ -169,17 +187,27 @@ fn child() {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     spanprof::install_runtime_hooks(&mut builder);
     let rt = builder.worker_threads(2).enable_all().build().unwrap();
-    rt.block_on(async {
-        let deadline = Instant::now() + Duration::from_millis(1500);
-        let mut acc = 0u64;
-        while Instant::now() < deadline {
-            acc ^= async { burn(5) }
-                .instrument(tracing::info_span!("apply"))
-                .await;
-            tokio::task::yield_now().await;
+    let profiler = early.unwrap_or_else(start);
+    // The commands, inside a `run` span where the case's filter enables them there.
+    let run = if case == "span-directive-roots-inside" {
+        tracing::info_span!("run")
+    } else {
+        tracing::Span::none()
+    };
+    rt.block_on(
+        async {
+            let deadline = Instant::now() + Duration::from_millis(1500);
+            let mut acc = 0u64;
+            while Instant::now() < deadline {
+                acc ^= async { burn(5) }
+                    .instrument(tracing::info_span!("apply"))
+                    .await;
+                tokio::task::yield_now().await;
+            }
+            std::hint::black_box(acc);
         }
-        std::hint::black_box(acc);
-    });
+        .instrument(run),
+    );
     drop(rt);
     profiler.flush();
     let apply = profiler
