@@ -178,10 +178,11 @@ pub(crate) fn emit_pending() {
     }
     let listening =
         tracing::dispatcher::get_default(|d| !d.is::<tracing::subscriber::NoSubscriber>());
+    // Also without a subscriber: on the collector thread, a waiting check then ends.
+    filters::check();
     if !listening {
         return;
     }
-    filters::check();
     if STARTED_PENDING.swap(false, Ordering::AcqRel)
         && let Some(line) = STARTED_LINE
             .lock()
@@ -399,9 +400,10 @@ pub mod filters {
         WAITING.load(Ordering::Relaxed)
     }
 
-    /// From the collector, after each batch of `samples`: the checks due.
+    /// From the collector, after each batch of `samples`: the checks due (a waiting
+    /// one ran as the batch came, from [`super::emit_pending`]).
     pub(crate) fn after_batch(samples: u64) {
-        if UNCHECKED.load(Ordering::Acquire) || WAITING.load(Ordering::Relaxed) {
+        if UNCHECKED.load(Ordering::Acquire) {
             check();
         }
         samples_taken(samples);
@@ -470,40 +472,22 @@ pub mod filters {
                 }
             }
         }
-        // Asked outside the lock: asking registers the callsite again, and a root's
-        // registration takes the lock.
+        // Taken out of the list, then asked outside the lock: asking registers the
+        // callsite again, and a root's registration takes the lock.
         let mut roots = [None; MAX_CALLSITES];
-        for (slot, meta) in roots
-            .iter_mut()
-            .zip(&ROOTS.lock().unwrap_or_else(|e| e.into_inner()).unchecked)
-        {
-            *slot = Some(*meta);
+        for (slot, meta) in roots.iter_mut().zip(
+            ROOTS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .unchecked
+                .drain(..),
+        ) {
+            *slot = Some(meta);
         }
-        let mut decided = [None; MAX_CALLSITES];
-        for (meta, verdict) in roots.iter().map_while(|m| *m).zip(&mut decided) {
-            *verdict = Some((meta, may_enable(meta)));
-        }
-        // Only the decisions this call takes out of the list are reported: a check
-        // on another thread may have decided the same callsites meanwhile.
-        let mut taken = [false; MAX_CALLSITES];
-        ROOTS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .unchecked
-            .retain(|m| {
-                let found = decided
-                    .iter()
-                    .position(|v| v.is_some_and(|(d, _)| std::ptr::eq(d, *m)));
-                if let Some(i) = found {
-                    taken[i] = true;
-                }
-                found.is_none()
-            });
-        let hidden = decided
-            .iter()
-            .zip(taken)
-            .filter_map(|(v, taken)| v.filter(|&(_, shown)| taken && !shown));
-        for (meta, _) in hidden {
+        for meta in roots.into_iter().flatten() {
+            if may_enable(meta) {
+                continue;
+            }
             say(&format!(
                 "spanprof: the tracing filter disables the spans `{}` (target {}, level {}) that profile_roots \
                  picks: they are never created, so nothing is labelled. Give the OpenTelemetry and spanprof layers \
@@ -575,7 +559,7 @@ pub mod filters {
             return Some(false);
         }
         let interest = tracing::dispatcher::get_default(|d| d.register_callsite(meta));
-        (interest.is_always() || interest.is_never()).then(|| interest.is_always())
+        (!interest.is_sometimes()).then(|| interest.is_always())
     }
 
     /// Whether spanprof's warnings are shown. An interest of "sometimes" is settled
