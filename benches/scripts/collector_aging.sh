@@ -22,10 +22,11 @@ for i in $(seq 1 $N); do
   r=$($EXE load --url $URL --workload ${WORKLOAD:-json} --secs $CHUNK --rate $RATE | cut -d' ' -f1)
   wait $SIGNALS
   s=$(grep signal_deliver /tmp/collector_aging.signals | cut -d, -f1)
+  s=${s//[!0-9]/}; s=${s:-0}
   read c1 w1 < <(cpu)
-  echo "chunk $i: requests $r samples $s collector $(python3 -c "print(round(($c1-$c0)/1000/$r,2))") us/req" \
-    "$(python3 -c "print(round(($c1-$c0)/1000/max($s,1),1))") us/sample" \
-    "workers $(python3 -c "print(round(($w1-$w0)/1000/$r,1))") us/req"
+  echo "chunk $i: requests $r samples $s collector $(python3 -c "print(round(($c1-$c0)/1000/max($r,1),2))") us/req" \
+    "$(python3 -c "print(f'{($c1-$c0)/1000/$s:.1f} us/sample' if $s else 'samples not counted')")" \
+    "workers $(python3 -c "print(round(($w1-$w0)/1000/max($r,1),1))") us/req"
   c0=$c1; w0=$w1
 done
 kill $SRV_PID

@@ -26,9 +26,14 @@ perf stat -x, -e signal:signal_deliver --filter 'sig == 27' -p $SRV_PID \
     -o /tmp/collector.signals -- sleep $REC &
 SIGNALS=$!
 r=$($EXE load --url $URL --workload $WORKLOAD --secs $REC --rate $RATE | cut -d' ' -f1)
-wait $PERF $SIGNALS
+wait $PERF
+wait $SIGNALS
 c1=$(thread_cpu spanprof-collec); d1=$(thread_cpu spanprof-drain)
 s=$(grep signal_deliver /tmp/collector.signals | cut -d, -f1)
-python3 -c "print(f'requests $r, samples $s: collector {($c1-$c0)/1000/$r:.3f} us/req, \
-{($c1-$c0)/1000/max($s,1):.2f} us/sample, drain {($d1-$d0)/1000/$r:.3f} us/req')"
+s=${s//[!0-9]/}
+python3 -c "
+r, s = $r, ${s:-0}
+per_sample = f'{($c1-$c0)/1000/s:.2f} us/sample' if s else 'samples not counted'
+print(f'requests {r}, samples {s}: collector {($c1-$c0)/1000/max(r,1):.3f} us/req, {per_sample}, '
+      f'drain {($d1-$d0)/1000/max(r,1):.3f} us/req')"
 kill $SRV_PID
