@@ -169,6 +169,11 @@ pub fn check_at_start() {
     filters::check();
 }
 
+/// Whether a `tracing` subscriber listens to the calling thread.
+fn listening() -> bool {
+    tracing::dispatcher::get_default(|d| !d.is::<tracing::subscriber::NoSubscriber>())
+}
+
 /// Logs the pending messages if a `tracing` subscriber is listening now. Called at
 /// each check and by the collector thread as it wakes (a few atomic loads when
 /// nothing is pending).
@@ -176,11 +181,9 @@ pub(crate) fn emit_pending() {
     if !pending() {
         return;
     }
-    let listening =
-        tracing::dispatcher::get_default(|d| !d.is::<tracing::subscriber::NoSubscriber>());
     // Also without a subscriber: on the collector thread, a waiting check then ends.
     filters::check();
-    if !listening {
+    if !listening() {
         return;
     }
     if STARTED_PENDING.swap(false, Ordering::AcqRel)
@@ -447,7 +450,7 @@ pub mod filters {
     /// warnings are shown, when the subscriber answers "sometimes", and the root
     /// callsites after it, are left to the collector thread (see [`warnings_shown`]).
     pub(crate) fn check() {
-        if !tracing::dispatcher::get_default(|d| !d.is::<tracing::subscriber::NoSubscriber>()) {
+        if !super::listening() {
             if ON_COLLECTOR.with(std::cell::Cell::get) {
                 // The check waits for a subscriber the collector thread cannot see
                 // (one scoped to the thread that asked): left undecided, as shown.

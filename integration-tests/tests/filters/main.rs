@@ -160,8 +160,7 @@ fn child() {
         return filtered_tracer();
     }
     let start = || spanprof::Profiler::builder().start().expect("profiler");
-    let late = case == "span-directive-profiler-after-subscriber";
-    let early = (!late).then(start);
+    let early = (case != "span-directive-profiler-after-subscriber").then(start);
     let (_, provider) = traced();
     let tracer = provider.tracer("filters");
     let roots = || SpanProfileLayer::new().profile_roots("apply", RoutePolicy::new());
