@@ -2,23 +2,30 @@
 //! CPU caches warm and cold: the JSON API's `POST /api/orders` called in this process
 //! (no network) through the user's stack (`TraceLayer`, `tracing-opentelemetry`, the
 //! SDK's batch processor) and through the same stack with spanprof as docs/layer.md
-//! sets it up, labels only (no sampler, so no signal lands in the timing).
+//! sets it up, labels only (no sampler, so no signal lands in the timing). Each
+//! request runs as a task of its own on a current-thread runtime, as a connection's
+//! task does in a server, so the runtime hooks run around its polls.
 //!
-//! Each round times `--requests` requests of each mode one at a time, warm (back to
-//! back) and cold (`--evict-mib` MiB read between two requests, as a server's other
-//! work would evict them), each mode taking each place in turn. A round's figure for a
-//! mode is the median of its requests' times; the metric is the median of the
-//! per-round differences, spanprof minus stack, in ns a request: what
-//! the request path adds with its tables and code in cache, and without them. Their
-//! difference is the part an instruction count cannot see.
+//! Each round times `--requests` requests of each mode one at a time: warm, a mode's
+//! requests back to back, the modes taking each place in turn; cold, the modes taking
+//! turns request by request with `--evict-mib` MiB read before each (as a server's
+//! other work would evict what the request used). A round's figure for a mode is the
+//! median of its requests' times; the metric is the median of the per-round
+//! differences, spanprof minus stack, in ns a request: what the request path adds
+//! with its tables and code in cache, and without them. Their difference is the part
+//! an instruction count cannot see.
 //!
 //! `--modes` (comma-separated; default `labels-only,stack-again`) picks what runs
-//! beside `stack`: `labels-only`, modes that leave one piece of it out
-//! (`no-span-layer`, `no-hooks`, `no-processor`), and `stack-again`, a second
-//! `stack` (the A/A control). The default eviction, 4 MiB, is twice the machine's L2:
-//! what a request's own work does to the lines it does not share with the next one.
+//! beside `stack`: `labels-only`; modes that leave one piece of it out
+//! (`no-span-layer`, `no-hooks`, `no-processor`); `lookup-layer`, which puts in
+//! `SpanProfileLayer`'s place a layer that only looks spans up as it does; and
+//! `stack-again`, a second `stack` (the A/A control).
 //!
-//! `cargo run --release -p spanprof-bench --bin request_path -- [--rounds 15] [--requests 1000] [--evict-mib 4] [--modes labels-only,no-span-layer,stack-again]`
+//! The default eviction reads one byte a page of 256 MiB: the TLB is cold (65 536
+//! pages), and so is the L2 (a line a page, 4 MiB). `--evict-stride 64 --evict-mib 4`
+//! reads every line of 4 MiB instead: the L2 alone.
+//!
+//! `cargo run --release -p spanprof-bench --bin request_path -- [--rounds 15] [--requests 1000] [--evict-mib 256] [--evict-stride 4096] [--modes labels-only,no-span-layer,stack-again]`
 
 use std::convert::Infallible;
 use std::hint::black_box;
@@ -55,18 +62,24 @@ impl Mode {
         let app = self.app.clone();
         let t = Instant::now();
         let n = tracing::dispatcher::with_default(&self.dispatch, || {
+            // A task of its own, as a server's connection task: the runtime hooks
+            // run around its polls.
             self.rt.block_on(async move {
-                let response = app
-                    .oneshot(request)
-                    .await
-                    .unwrap_or_else(|e: Infallible| match e {});
-                response
-                    .into_body()
-                    .collect()
-                    .await
-                    .expect("body")
-                    .to_bytes()
-                    .len()
+                tokio::spawn(async move {
+                    let response = app
+                        .oneshot(request)
+                        .await
+                        .unwrap_or_else(|e: Infallible| match e {});
+                    response
+                        .into_body()
+                        .collect()
+                        .await
+                        .expect("body")
+                        .to_bytes()
+                        .len()
+                })
+                .await
+                .expect("request task")
             })
         });
         let ns = t.elapsed().as_nanos() as u64;
@@ -97,7 +110,8 @@ fn stack() -> Mode {
 
 /// The stack with spanprof, labels only; `mode` may leave one piece out
 /// (`no-span-layer`: `SpanProfileLayer`; `no-hooks`: the runtime hooks;
-/// `no-processor`: `SpanProfileProcessor`, the user's batch processor instead).
+/// `no-processor`: `SpanProfileProcessor`, the user's batch processor instead) or
+/// put [`Lookups`] in `SpanProfileLayer`'s place (`lookup-layer`).
 fn with_spanprof(profiler: &spanprof::Profiler, mode: &str) -> Mode {
     let provider = if mode == "no-processor" {
         SdkTracerProvider::builder()
@@ -110,7 +124,8 @@ fn with_spanprof(profiler: &spanprof::Profiler, mode: &str) -> Mode {
     };
     let dispatch = tracing_subscriber::registry()
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("request_path")))
-        .with((mode != "no-span-layer").then(SpanProfileLayer::new))
+        .with((!matches!(mode, "no-span-layer" | "lookup-layer")).then(SpanProfileLayer::new))
+        .with((mode == "lookup-layer").then_some(Lookups))
         .into();
     let layer = ProfileCorrelationLayer::builder()
         .default_policy(RoutePolicy::new().sample_rate(0.0))
@@ -135,27 +150,79 @@ fn with_spanprof(profiler: &spanprof::Profiler, mode: &str) -> Mode {
     }
 }
 
-/// Reads `buf` a line at a time: what the caches held is gone.
-fn evict(buf: &[u8]) {
+/// A layer that looks each span up in its extensions at every enter, exit and
+/// close, as `SpanProfileLayer` does for a span without labels, and does nothing
+/// else: what any such layer costs (`lookup-layer`, in `SpanProfileLayer`'s place).
+struct Lookups;
+
+/// Never inserted: the lookups miss, as they do for a span without labels.
+struct Unset;
+
+impl<S> tracing_subscriber::Layer<S> for Lookups
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_enter(&self, id: &tracing::span::Id, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        if let Some(span) = ctx.span(id) {
+            black_box(span.extensions_mut().get_mut::<Unset>().is_some());
+        }
+    }
+
+    fn on_exit(&self, id: &tracing::span::Id, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        if let Some(span) = ctx.span(id) {
+            black_box(span.extensions_mut().get_mut::<Unset>().is_some());
+        }
+    }
+
+    fn on_close(&self, id: tracing::span::Id, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        if let Some(span) = ctx.span(&id) {
+            black_box(span.extensions().get::<Unset>().is_some());
+        }
+    }
+}
+
+/// Reads a byte of every `stride` bytes of `buf`: a line at a time, what the caches
+/// held is gone; a page at a time, what the TLB held (and a line per page).
+fn evict(buf: &[u8], stride: usize) {
     let mut sum = 0u8;
-    for line in buf.chunks(64) {
+    for line in buf.chunks(stride) {
         sum = sum.wrapping_add(line[0]);
     }
     black_box(sum);
 }
 
-/// Median ns a request of `mode` over `n` requests (robust to a preemption landing
-/// in one), `evict` between two when given.
-fn time(mode: &Mode, bodies: &[bytes::Bytes], n: usize, evict_buf: Option<&[u8]>) -> f64 {
-    let mut each: Vec<f64> = (0..n)
-        .map(|i| {
-            if let Some(buf) = evict_buf {
-                evict(buf);
+/// Median ns a request of each mode in one round of `n` requests each. Warm: each
+/// mode's requests back to back, the modes taking each place in turn by round. Cold:
+/// the modes take turns request by request, each request after `evict`, so that every
+/// mode meets the same machine at the same moments.
+fn round(
+    modes: &[Mode],
+    bodies: &[bytes::Bytes],
+    n: usize,
+    round: usize,
+    evict_buf: Option<(&[u8], usize)>,
+) -> Vec<f64> {
+    let mut each: Vec<Vec<f64>> = vec![Vec::with_capacity(n); modes.len()];
+    match evict_buf {
+        None => {
+            for k in 0..modes.len() {
+                let m = (k + round) % modes.len();
+                for i in 0..n {
+                    each[m].push(modes[m].request(&bodies[i % bodies.len()]) as f64);
+                }
             }
-            mode.request(&bodies[i % bodies.len()]) as f64
-        })
-        .collect();
-    median(&mut each)
+        }
+        Some((buf, stride)) => {
+            for i in 0..n {
+                for k in 0..modes.len() {
+                    let m = (k + i + round) % modes.len();
+                    evict(buf, stride);
+                    each[m].push(modes[m].request(&bodies[i % bodies.len()]) as f64);
+                }
+            }
+        }
+    }
+    each.iter_mut().map(|t| median(t)).collect()
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -164,19 +231,22 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 /// The modes `--modes` names (comma-separated), `stack` first.
-const MODES: [&str; 6] = [
+const MODES: [&str; 7] = [
     "stack",
     "labels-only",
     "no-span-layer",
     "no-hooks",
     "no-processor",
     "stack-again",
+    "lookup-layer",
 ];
 
 fn main() {
     let rounds: usize = arg("--rounds").map_or(15, |v| v.parse().expect("--rounds"));
     let n: usize = arg("--requests").map_or(1000, |v| v.parse().expect("--requests"));
-    let evict_mib: usize = arg("--evict-mib").map_or(4, |v| v.parse().expect("--evict-mib"));
+    let evict_mib: usize = arg("--evict-mib").map_or(256, |v| v.parse().expect("--evict-mib"));
+    let stride: usize = arg("--evict-stride").map_or(4096, |v| v.parse().expect("--evict-stride"));
+    assert!(stride > 0, "--evict-stride: a positive number of bytes");
     let names: Vec<String> = arg("--modes").map_or(
         vec!["labels-only".to_owned(), "stack-again".to_owned()],
         |v| v.split(',').map(str::to_owned).collect(),
@@ -206,19 +276,17 @@ fn main() {
         .collect();
     let buf = vec![1u8; evict_mib << 20];
     // Warm-up: every mode's code, tables and pools.
-    for m in &modes {
-        time(m, &bodies, n, None);
-    }
+    round(&modes, &bodies, n, 0, None);
     let mut results = serde_json::Map::new();
-    for (cache, evict_buf) in [("warm", None), ("cold", Some(&buf[..]))] {
+    for (cache, evict_buf) in [("warm", None), ("cold", Some((&buf[..], stride)))] {
         let mut per_mode = serde_json::Map::new();
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
-        for round in 0..rounds {
-            // Each mode takes each place in turn.
-            for k in 0..modes.len() {
-                let i = (k + round) % modes.len();
-                let t = time(&modes[i], &bodies, n, evict_buf);
-                times[i].push(t);
+        for r in 0..rounds {
+            for (t, m) in times
+                .iter_mut()
+                .zip(round(&modes, &bodies, n, r, evict_buf))
+            {
+                t.push(m);
             }
         }
         let stack_ns = times[0].clone();
@@ -248,6 +316,7 @@ fn main() {
         "rounds": rounds,
         "requests": n,
         "evict_mib": evict_mib,
+        "evict_stride": stride,
         "results": results,
     }));
 }
