@@ -61,3 +61,10 @@ pub fn register_plot_font() -> Result<(), String> {
 pub fn flag(name: &str) -> bool {
     std::env::args().any(|a| a == name)
 }
+
+/// The median of `v` (the upper one of an even count); NaN when empty.
+pub fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}

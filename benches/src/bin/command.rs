@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use spanprof::tower::{RoutePolicy, SpanProfileLayer, SpanProfileProcessor};
-use spanprof_bench::{arg, flag, print_json};
+use spanprof_bench::{arg, flag, median, print_json};
 use spanprof_workloads::service;
 use tracing::Instrument;
 use tracing_subscriber::prelude::*;
@@ -121,15 +121,6 @@ fn main() {
             println!("{k}: {v}");
         }
     }
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v[v.len() / 2]
 }
 
 /// The first and third quartiles.

@@ -8,24 +8,26 @@
 //!
 //! Each round times `--requests` requests of each mode one at a time: warm, a mode's
 //! requests back to back, the modes taking each place in turn; cold, the modes taking
-//! turns request by request with `--evict-mib` MiB read before each (as a server's
-//! other work would evict what the request used). A round's figure for a mode is the
-//! median of its requests' times; the metric is the median of the per-round
-//! differences, spanprof minus stack, in ns a request: what the request path adds
-//! with its tables and code in cache, and without them. Their difference is the part
-//! an instruction count cannot see.
+//! turns request by request in a new shuffled order each time, with memory read
+//! before each request (as a server's other work would evict what the request used).
+//! A round's figure for a mode is the median of its requests' wall times; the metric
+//! is the median of the per-round differences, each mode minus `stack`, in ns a
+//! request.
 //!
 //! `--modes` (comma-separated; default `labels-only,stack-again`) picks what runs
 //! beside `stack`: `labels-only`; modes that leave one piece of it out
 //! (`no-span-layer`, `no-hooks`, `no-processor`); `lookup-layer`, which puts in
-//! `SpanProfileLayer`'s place a layer that only looks spans up as it does; and
-//! `stack-again`, a second `stack` (the A/A control).
+//! `SpanProfileLayer`'s place a layer that makes one span lookup per callback and
+//! nothing else; and `stack-again`, a second `stack` (the A/A control).
 //!
-//! The default eviction reads one byte a page of 256 MiB: the TLB is cold (65 536
-//! pages), and so is the L2 (a line a page, 4 MiB). `--evict-stride 64 --evict-mib 4`
-//! reads every line of 4 MiB instead: the L2 alone.
+//! The cold rounds read one byte of every 4 160 bytes of 256 MiB before each request:
+//! a page each (the data TLB emptied) at the next line of its page each time (every
+//! cache set reached: the L2 emptied). The code TLB is left as it was. `--evict-stride
+//! 64 --evict-mib 4` reads every line of 4 MiB instead: the L2 alone. The JSON names
+//! the transparent huge page setting, under which `always` would map the buffer with
+//! few TLB entries.
 //!
-//! `cargo run --release -p spanprof-bench --bin request_path -- [--rounds 15] [--requests 1000] [--evict-mib 256] [--evict-stride 4096] [--modes labels-only,no-span-layer,stack-again]`
+//! `cargo run --release -p spanprof-bench --bin request_path -- [--rounds 15] [--requests 1000] [--evict-mib 256] [--evict-stride 4160] [--modes labels-only,no-span-layer,stack-again]`
 
 use std::convert::Infallible;
 use std::hint::black_box;
@@ -38,7 +40,7 @@ use opentelemetry_sdk::trace::SdkTracerProvider;
 use spanprof::tower::{
     ProfileCorrelationLayer, RoutePolicy, SpanProfileLayer, SpanProfileProcessor,
 };
-use spanprof_bench::{arg, print_json};
+use spanprof_bench::{arg, median, print_json};
 use spanprof_workloads::service;
 use tower::ServiceExt;
 use tower_http::trace::TraceLayer;
@@ -53,7 +55,8 @@ struct Mode {
 }
 
 impl Mode {
-    /// Serves one request; returns its time on this thread in ns.
+    /// Serves one request (built before the clock starts); returns its wall time in
+    /// ns.
     fn request(&self, body: &bytes::Bytes) -> u64 {
         let request = http::Request::post(service::ORDERS_ROUTE)
             .header(http::header::CONTENT_TYPE, "application/json")
@@ -88,6 +91,8 @@ impl Mode {
     }
 }
 
+/// The user's stack alone: `TraceLayer` and `tracing-opentelemetry` with the SDK's batch
+/// processor, on a runtime without spanprof's hooks.
 fn stack() -> Mode {
     let provider = SdkTracerProvider::builder()
         .with_span_processor(service::batch_processor())
@@ -150,9 +155,9 @@ fn with_spanprof(profiler: &spanprof::Profiler, mode: &str) -> Mode {
     }
 }
 
-/// A layer that looks each span up in its extensions at every enter, exit and
-/// close, as `SpanProfileLayer` does for a span without labels, and does nothing
-/// else: what any such layer costs (`lookup-layer`, in `SpanProfileLayer`'s place).
+/// A layer that makes one lookup of the span in its extensions at every enter, exit
+/// and close, and does nothing else: what any layer that keeps state in spans costs
+/// (`lookup-layer`, in `SpanProfileLayer`'s place).
 struct Lookups;
 
 /// Never inserted: the lookups miss, as they do for a span without labels.
@@ -181,9 +186,11 @@ where
     }
 }
 
-/// Reads a byte of every `stride` bytes of `buf`: a line at a time, what the caches
-/// held is gone; a page at a time, what the TLB held (and a line per page).
+/// Reads a byte of every `stride` bytes of `buf`. With a stride of a page and a
+/// line, each read is on a page of its own and at the next line of its page, so that
+/// the reads reach every set of the caches: what the data TLB and the L2 held is gone.
 fn evict(buf: &[u8], stride: usize) {
+    let buf = black_box(buf);
     let mut sum = 0u8;
     for line in buf.chunks(stride) {
         sum = sum.wrapping_add(line[0]);
@@ -191,22 +198,35 @@ fn evict(buf: &[u8], stride: usize) {
     black_box(sum);
 }
 
-/// Median ns a request of each mode in one round of `n` requests each. Warm: each
+/// A permutation of `0..n`, shuffled by `seed` (xorshift and Fisher–Yates).
+fn shuffled(n: usize, seed: u64) -> Vec<usize> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut order: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    order
+}
+
+/// Median ns a request of each mode in round `r` of `n` requests each. Warm: each
 /// mode's requests back to back, the modes taking each place in turn by round. Cold:
-/// the modes take turns request by request, each request after `evict`, so that every
-/// mode meets the same machine at the same moments.
+/// the modes take turns request by request, in a new shuffled order each time (so no
+/// mode always follows the same one), each request after `evict`.
 fn round(
     modes: &[Mode],
     bodies: &[bytes::Bytes],
     n: usize,
-    round: usize,
+    r: usize,
     evict_buf: Option<(&[u8], usize)>,
 ) -> Vec<f64> {
     let mut each: Vec<Vec<f64>> = vec![Vec::with_capacity(n); modes.len()];
     match evict_buf {
         None => {
             for k in 0..modes.len() {
-                let m = (k + round) % modes.len();
+                let m = (k + r) % modes.len();
                 for i in 0..n {
                     each[m].push(modes[m].request(&bodies[i % bodies.len()]) as f64);
                 }
@@ -214,20 +234,24 @@ fn round(
         }
         Some((buf, stride)) => {
             for i in 0..n {
-                for k in 0..modes.len() {
-                    let m = (k + i + round) % modes.len();
+                for m in shuffled(modes.len(), (r * n + i) as u64) {
                     evict(buf, stride);
                     each[m].push(modes[m].request(&bodies[i % bodies.len()]) as f64);
                 }
             }
         }
     }
-    each.iter_mut().map(|t| median(t)).collect()
+    each.iter().map(|t| median(t)).collect()
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+/// A positive number from `--name`, or `default`.
+fn positive(name: &str, default: usize) -> usize {
+    let v = arg(name).map_or(default, |v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name}: a positive whole number, not {v}"))
+    });
+    assert!(v > 0, "{name}: a positive whole number, not 0");
+    v
 }
 
 /// The modes `--modes` names (comma-separated), `stack` first.
@@ -241,22 +265,23 @@ const MODES: [&str; 7] = [
     "lookup-layer",
 ];
 
+/// Times the modes and prints the figures as JSON.
 fn main() {
-    let rounds: usize = arg("--rounds").map_or(15, |v| v.parse().expect("--rounds"));
-    let n: usize = arg("--requests").map_or(1000, |v| v.parse().expect("--requests"));
-    let evict_mib: usize = arg("--evict-mib").map_or(256, |v| v.parse().expect("--evict-mib"));
-    let stride: usize = arg("--evict-stride").map_or(4096, |v| v.parse().expect("--evict-stride"));
-    assert!(stride > 0, "--evict-stride: a positive number of bytes");
+    let rounds = positive("--rounds", 15);
+    let n = positive("--requests", 1000);
+    let evict_mib = positive("--evict-mib", 256);
+    let stride = positive("--evict-stride", 4096 + 64);
     let names: Vec<String> = arg("--modes").map_or(
         vec!["labels-only".to_owned(), "stack-again".to_owned()],
         |v| v.split(',').map(str::to_owned).collect(),
     );
-    for m in &names {
+    for (i, m) in names.iter().enumerate() {
         assert!(
             MODES[1..].contains(&m.as_str()),
             "--modes: unknown mode {m} (one of {:?})",
             &MODES[1..]
         );
+        assert!(!names[..i].contains(m), "--modes: {m} given twice");
     }
     let profiler = spanprof::Profiler::builder()
         .sampling(spanprof::Sampling::LabelsOnly)
@@ -292,18 +317,18 @@ fn main() {
         let stack_ns = times[0].clone();
         per_mode.insert(
             "stack".to_owned(),
-            serde_json::json!({ "ns": median(&mut times[0].clone()).round() }),
+            serde_json::json!({ "ns": median(&times[0]).round() }),
         );
         for (name, t) in names.iter().zip(&times[1..]) {
-            let mut over: Vec<f64> = t.iter().zip(&stack_ns).map(|(a, b)| a - b).collect();
+            let over: Vec<f64> = t.iter().zip(&stack_ns).map(|(a, b)| a - b).collect();
             let (lo, hi) = over
                 .iter()
                 .fold((f64::MAX, f64::MIN), |(l, h), &x| (l.min(x), h.max(x)));
             per_mode.insert(
                 name.clone(),
                 serde_json::json!({
-                    "ns": median(&mut t.clone()).round(),
-                    "over_stack_ns": median(&mut over).round(),
+                    "ns": median(t).round(),
+                    "over_stack_ns": median(&over).round(),
                     "over_stack_range_ns": [lo.round(), hi.round()],
                 }),
             );
@@ -317,6 +342,9 @@ fn main() {
         "requests": n,
         "evict_mib": evict_mib,
         "evict_stride": stride,
+        "transparent_hugepage": std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+            .ok()
+            .and_then(|s| Some(s.split('[').nth(1)?.split(']').next()?.to_owned())),
         "results": results,
     }));
 }
