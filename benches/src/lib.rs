@@ -68,3 +68,33 @@ pub fn median(v: &[f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
+
+/// The tracer provider of a bench's tracing stack: the user's batch processor in
+/// front of an exporter that discards, or, with `spanprof`, `SpanProfileProcessor`'s
+/// batching form in front of the same exporter.
+pub fn tracer_provider(spanprof: bool) -> opentelemetry_sdk::trace::SdkTracerProvider {
+    use spanprof_workloads::service;
+    let builder = opentelemetry_sdk::trace::SdkTracerProvider::builder();
+    if spanprof {
+        builder
+            .with_span_processor(spanprof::tower::SpanProfileProcessor::batch(
+                service::DiscardingExporter,
+            ))
+            .build()
+    } else {
+        builder
+            .with_span_processor(service::batch_processor())
+            .build()
+    }
+}
+
+/// The JSON API's request bodies the benches send: 64 generated orders.
+pub fn order_bodies() -> Vec<bytes::Bytes> {
+    (0..64)
+        .map(|seed| {
+            serde_json::to_vec(&spanprof_workloads::service::sample_order(seed))
+                .expect("an order serializes")
+                .into()
+        })
+        .collect()
+}

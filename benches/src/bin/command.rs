@@ -29,10 +29,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_sdk::trace::SdkTracerProvider;
-use spanprof::tower::{RoutePolicy, SpanProfileLayer, SpanProfileProcessor};
-use spanprof_bench::{arg, flag, median, print_json};
-use spanprof_workloads::service;
+use spanprof::tower::{RoutePolicy, SpanProfileLayer};
+use spanprof_bench::{arg, flag, median, print_json, tracer_provider};
 use tracing::Instrument;
 use tracing_subscriber::prelude::*;
 
@@ -186,15 +184,7 @@ fn serve(mode: &str) {
     } else {
         RoutePolicy::new().sample_rate(0.0)
     };
-    let provider = if spanprof {
-        SdkTracerProvider::builder()
-            .with_span_processor(SpanProfileProcessor::batch(service::DiscardingExporter))
-            .build()
-    } else {
-        SdkTracerProvider::builder()
-            .with_span_processor(service::batch_processor())
-            .build()
-    };
+    let provider = tracer_provider(spanprof);
     let _profiler = spanprof.then(|| {
         spanprof::Profiler::builder()
             .sampling(if mode == "labels-only" {

@@ -37,10 +37,8 @@ use axum::Router;
 use http_body_util::BodyExt;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use spanprof::tower::{
-    ProfileCorrelationLayer, RoutePolicy, SpanProfileLayer, SpanProfileProcessor,
-};
-use spanprof_bench::{arg, median, print_json};
+use spanprof::tower::{ProfileCorrelationLayer, RoutePolicy, SpanProfileLayer};
+use spanprof_bench::{arg, median, order_bodies, print_json, tracer_provider};
 use spanprof_workloads::service;
 use tower::ServiceExt;
 use tower_http::trace::TraceLayer;
@@ -94,9 +92,7 @@ impl Mode {
 /// The user's stack alone: `TraceLayer` and `tracing-opentelemetry` with the SDK's batch
 /// processor, on a runtime without spanprof's hooks.
 fn stack() -> Mode {
-    let provider = SdkTracerProvider::builder()
-        .with_span_processor(service::batch_processor())
-        .build();
+    let provider = tracer_provider(false);
     let dispatch = tracing_subscriber::registry()
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("request_path")))
         .into();
@@ -118,15 +114,7 @@ fn stack() -> Mode {
 /// `no-processor`: `SpanProfileProcessor`, the user's batch processor instead) or
 /// put [`Lookups`] in `SpanProfileLayer`'s place (`lookup-layer`).
 fn with_spanprof(profiler: &spanprof::Profiler, mode: &str) -> Mode {
-    let provider = if mode == "no-processor" {
-        SdkTracerProvider::builder()
-            .with_span_processor(service::batch_processor())
-            .build()
-    } else {
-        SdkTracerProvider::builder()
-            .with_span_processor(SpanProfileProcessor::batch(service::DiscardingExporter))
-            .build()
-    };
+    let provider = tracer_provider(mode != "no-processor");
     let dispatch = tracing_subscriber::registry()
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("request_path")))
         .with((!matches!(mode, "no-span-layer" | "lookup-layer")).then(SpanProfileLayer::new))
@@ -292,13 +280,7 @@ fn main() {
         "stack-again" => stack(),
         m => with_spanprof(&profiler, m),
     }));
-    let bodies: Vec<bytes::Bytes> = (0..64)
-        .map(|seed| {
-            serde_json::to_vec(&service::sample_order(seed))
-                .expect("order")
-                .into()
-        })
-        .collect();
+    let bodies = order_bodies();
     let buf = vec![1u8; evict_mib << 20];
     // Warm-up: every mode's code, tables and pools.
     round(&modes, &bodies, n, 0, None);

@@ -52,11 +52,7 @@ pub fn load(args: &LoadArgs) {
     let base = args.url.clone();
     let workload = args.workload.clone();
     let (secs, rate, conc) = (args.secs, args.rate, args.concurrency);
-    let bodies: Arc<Vec<Bytes>> = Arc::new(
-        (0..64)
-            .map(|s| Bytes::from(serde_json::to_vec(&service::sample_order(s)).unwrap()))
-            .collect(),
-    );
+    let bodies: Arc<Vec<Bytes>> = Arc::new(spanprof_bench::order_bodies());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -5,11 +5,9 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_sdk::trace::SdkTracerProvider;
 use spanprof::export::{ProfileSource, PyroscopeConfig, PyroscopeExporter};
-use spanprof::tower::{
-    ProfileCorrelationLayer, RoutePolicy, SpanProfileLayer, SpanProfileProcessor,
-};
+use spanprof::tower::{ProfileCorrelationLayer, RoutePolicy, SpanProfileLayer};
+use spanprof_bench::tracer_provider;
 use spanprof_workloads::service;
 use tower_http::trace::TraceLayer;
 use tracing_subscriber::prelude::*;
@@ -49,9 +47,7 @@ pub fn serve(mode: &str, sink: &str) {
         return service::serve(&rt, app, process_cpu_ns);
     }
     if mode == "stack" || mode == "stack-again" {
-        let provider = SdkTracerProvider::builder()
-            .with_span_processor(service::batch_processor())
-            .build();
+        let provider = tracer_provider(false);
         tracing_subscriber::registry()
             .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("overhead")))
             .init();
@@ -110,15 +106,7 @@ pub fn serve(mode: &str, sink: &str) {
         .expect("SPANPROF_* variables")
         .start()
         .expect("profiler");
-    let provider = if processor {
-        SdkTracerProvider::builder()
-            .with_span_processor(SpanProfileProcessor::batch(service::DiscardingExporter))
-            .build()
-    } else {
-        SdkTracerProvider::builder()
-            .with_span_processor(service::batch_processor())
-            .build()
-    };
+    let provider = tracer_provider(processor);
     tracing_subscriber::registry()
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("overhead")))
         .with(span_layer.then(SpanProfileLayer::new))
